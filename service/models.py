@@ -1,0 +1,146 @@
+"""SQLModel tables: jobs, their candidates, trials and memory samples.
+
+Wire models (what the API and CLI print) live in `service.schemas`; these are
+storage only. JSON columns hold lists and analysis dicts whose shape belongs to
+the code that writes them (the classifier, the environment builder).
+"""
+
+from datetime import UTC, datetime
+from enum import StrEnum
+from typing import Any
+
+from sqlalchemy import JSON, BigInteger, Column, Index, Text
+from sqlmodel import Field, SQLModel
+
+
+def utcnow() -> datetime:
+    return datetime.now(UTC)
+
+
+class JobStatus(StrEnum):
+    QUEUED = "queued"
+    RUNNING = "running"
+    FOUND = "found"
+    BOUNDS_FAILED = "bounds_failed"
+    INCONCLUSIVE = "inconclusive"
+    ERROR = "error"
+    CANCELLED = "cancelled"
+
+    @property
+    def finished(self) -> bool:
+        return self not in (JobStatus.QUEUED, JobStatus.RUNNING)
+
+
+class TrialStatus(StrEnum):
+    QUEUED = "queued"
+    LEASED = "leased"
+    DONE = "done"
+    CANCELLED = "cancelled"
+
+
+def _json(default: Any = None) -> Any:
+    return Field(default_factory=lambda: [] if default is None else default, sa_column=Column(JSON))
+
+
+class Job(SQLModel, table=True):
+    id: int | None = Field(default=None, primary_key=True)
+    created_at: datetime = Field(default_factory=utcnow)
+    updated_at: datetime = Field(default_factory=utcnow)
+    finished_at: datetime | None = None
+    status: str = Field(default=JobStatus.QUEUED, index=True)
+    message: str | None = Field(default=None, sa_column=Column(Text))
+
+    package: str = Field(index=True)
+    good: str
+    bad: str
+    find_fix: bool = False
+    script: str = Field(sa_column=Column(Text, nullable=False))
+    script_name: str = "repro.py"
+    script_sha256: str = Field(index=True)
+
+    python: str | None = None
+    requirements: list[str] = _json()
+    index_url: str | None = None
+    extra_index_urls: list[str] = _json()
+    find_links: list[str] = _json()
+    pre: bool = False
+    skip_yanked: bool = False
+    as_released: bool = False
+    # The good bound's resolved pins, holding the rest of the environment still.
+    constraints: list[str] = _json()
+
+    repeats: int = 1
+    max_runs: int = 3
+    timeout_s: float = 600.0
+    memory_limit_bytes: int | None = Field(default=None, sa_column=Column(BigInteger))
+    sample_hz: float = 10.0
+    requires_gpu: bool = False
+    classifier: dict[str, Any] = _json({})
+
+    # Planner outcome: indices into the candidate list plus the message.
+    result: dict[str, Any] | None = Field(default=None, sa_column=Column(JSON))
+    machine: dict[str, Any] | None = Field(default=None, sa_column=Column(JSON))
+
+
+class Candidate(SQLModel, table=True):
+    __table_args__ = (Index("ix_candidate_job_position", "job_id", "position", unique=True),)
+
+    id: int | None = Field(default=None, primary_key=True)
+    job_id: int = Field(foreign_key="job.id")
+    position: int
+    version: str
+    upload_time: datetime | None = None
+    yanked: bool = False
+    yanked_reason: str | None = None
+    testable: bool = True
+    untestable_reason: str | None = None
+    # One aggregated verdict per completed evaluation, in order.
+    evaluations: list[str] = _json()
+    verdict: str | None = None
+    growth_mib: float | None = None
+    freeze: list[str] = _json()
+    resolution: str | None = None
+    resolution_note: str | None = Field(default=None, sa_column=Column(Text))
+    env_seconds: float | None = None
+    reused_from: int | None = None  # trial id whose verdict was reused, if any
+
+
+class Trial(SQLModel, table=True):
+    __table_args__ = (Index("ix_trial_status_id", "status", "id"),)
+
+    id: int | None = Field(default=None, primary_key=True)
+    job_id: int = Field(foreign_key="job.id", index=True)
+    candidate_id: int = Field(foreign_key="candidate.id", index=True)
+    evaluation: int = 1
+    status: str = Field(default=TrialStatus.QUEUED)
+    attempt: int = 0
+    runner_id: str | None = None
+    lease_expires_at: datetime | None = None
+    created_at: datetime = Field(default_factory=utcnow)
+    started_at: datetime | None = None
+    finished_at: datetime | None = None
+
+    exit_code: int | None = None
+    oom_killed: bool = False
+    timed_out: bool = False
+    cap_method: str | None = None
+    duration_s: float | None = None
+    env_seconds: float | None = None
+    log_tail: str | None = Field(default=None, sa_column=Column(Text))
+    gpu_source: str | None = None
+    verdict: str | None = None
+    analysis: dict[str, Any] | None = Field(default=None, sa_column=Column(JSON))
+    error: str | None = Field(default=None, sa_column=Column(Text))
+
+
+class MemorySample(SQLModel, table=True):
+    __tablename__ = "memory_sample"
+
+    id: int | None = Field(default=None, primary_key=True)
+    trial_id: int = Field(foreign_key="trial.id", index=True)
+    t: float
+    rss: int = Field(sa_column=Column(BigInteger, nullable=False))
+    anon: int | None = Field(default=None, sa_column=Column(BigInteger))
+    shared: int | None = Field(default=None, sa_column=Column(BigInteger))
+    gpu: int | None = Field(default=None, sa_column=Column(BigInteger))
+    step: int | None = None
