@@ -1,0 +1,1 @@
+"""The offline example: synthetic `leakyfixture` releases, a local index, a repro script."""

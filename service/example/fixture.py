@@ -1,0 +1,241 @@
+"""Synthetic releases of `leakyfixture`, a tiny package that starts leaking at a known release.
+
+`build_fixture(dest)` writes one wheel per release (straight with `zipfile`: no build
+backend) plus `index.json`, the per-file metadata a package index would know and a
+wheel cannot carry (upload time, yanked, Requires-Python); `service.example.index`
+serves the directory as a PEP 503/691 index.
+
+The default `FixtureSpec()`:
+
+| release    | what it is                                                           |
+| ---------- | -------------------------------------------------------------------- |
+| 1.0.0-1.0.2| clean                                                                |
+| 1.0.3      | clean, yanked ("broken metadata")                                    |
+| 1.0.4      | clean, but only a `cp311-cp311-win_amd64` wheel: untestable on Linux |
+| 1.0.5      | clean: the last good release                                         |
+| 1.0.6      | the first leaking release: 1 MiB retained per `step()`               |
+| 1.0.7-1.0.9| leaking                                                              |
+| 1.1.0rc1   | a pre-release after the last final release; leaking                  |
+
+Upload times are one day apart in version order from 2024-01-01T00:00:00Z (1.0.0),
+so 1.0.6 was uploaded 2024-01-07 and 1.1.0rc1 2024-01-11.
+
+Every release's `leakyfixture.step()` also carries bounded noise, so a classifier that
+mistakes a spike or a filling cache for a leak fails on the clean releases:
+
+- `spikes`: every `spike_every` steps (at steps 5, 15, 25, ... by default) 32 MiB is
+  allocated, touched, held for two steps and freed again;
+- `cache`: a cache fills with `cache_kib` over the first `cache_fill_steps` steps, then stops;
+- `churn`: a few thousand small objects are allocated and dropped every step.
+
+Leaked memory is real: buffers are filled byte by byte (`bytearray(b"\\xa5") * n` is a
+memset), so every page is touched and RSS grows. With the bundled repro (40 steps) a
+leaking release grows by about 40 MiB and a clean one stays flat after step 8.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+import zipfile
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from types import MappingProxyType
+
+from packaging.version import Version
+
+NAME = "leakyfixture"
+INDEX_METADATA = "index.json"
+PURE_TAG = "py3-none-any"
+FOREIGN_TAG = "cp311-cp311-win_amd64"
+# Fixed zip timestamps keep the wheels, and so their hashes, reproducible.
+_ZIP_DATE = (2024, 1, 1, 0, 0, 0)
+
+DEFAULT_VERSIONS = tuple(f"1.0.{i}" for i in range(10))
+
+
+@dataclass(frozen=True)
+class FixtureSpec:
+    """What releases to generate; see the module docstring for the defaults."""
+
+    versions: tuple[str, ...] = DEFAULT_VERSIONS
+    first_leaking: str = "1.0.6"
+    leak_kib_per_step: int = 1024
+    noise: tuple[str, ...] = ("spikes", "cache", "churn")
+    prerelease: str | None = "1.1.0rc1"
+    # version -> reason; stored read-only (a plain dict passed in is copied).
+    yanked: Mapping[str, str] = field(
+        default_factory=lambda: MappingProxyType({"1.0.3": "broken metadata"}),
+        hash=False,
+    )
+    foreign_only: str | None = "1.0.4"
+    upload_start: datetime = datetime(2024, 1, 1, tzinfo=UTC)
+    requires_python: str | None = ">=3.8"
+    spike_mib: int = 32
+    spike_every: int = 10
+    cache_kib: int = 4096
+    cache_fill_steps: int = 8
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "versions", tuple(self.versions))
+        object.__setattr__(self, "noise", tuple(self.noise))
+        object.__setattr__(self, "yanked", MappingProxyType(dict(self.yanked)))
+        unknown = set(self.noise) - {"spikes", "cache", "churn"}
+        if unknown:
+            raise ValueError(f"unknown noise kinds: {', '.join(sorted(unknown))}")
+        if self.upload_start.tzinfo is None:
+            raise ValueError("upload_start must be timezone-aware")
+
+    def all_versions(self) -> list[str]:
+        """Every release the fixture builds, in PEP 440 order."""
+        out = list(self.versions)
+        if self.prerelease is not None:
+            out.append(self.prerelease)
+        return sorted(out, key=Version)
+
+    def leaks(self, version: str) -> bool:
+        return Version(version) >= Version(self.first_leaking)
+
+    def upload_time(self, version: str) -> datetime:
+        return self.upload_start + timedelta(days=self.all_versions().index(version))
+
+    def wheel_filename(self, version: str) -> str:
+        tag = FOREIGN_TAG if version == self.foreign_only else PURE_TAG
+        return f"{NAME}-{Version(version)}-{tag}.whl"
+
+
+_MODULE_TEMPLATE = '''\
+"""leakyfixture {version}: a synthetic release built by leakbisect's test fixture."""
+
+__version__ = {version!r}
+LEAKS = {leaks!r}
+LEAK_BYTES = {leak_bytes!r}
+NOISE = {noise!r}
+SPIKE_BYTES = {spike_bytes!r}
+SPIKE_EVERY = {spike_every!r}
+SPIKE_HOLD_STEPS = 2
+CACHE_BYTES = {cache_bytes!r}
+CACHE_FILL_STEPS = {cache_fill_steps!r}
+CACHE_ENTRY_BYTES = 64 * 1024
+
+_steps = 0
+_retained = []
+_cache = {{}}
+_spike = None
+
+
+def _touched(n):
+    # A memset: every page is written, so the memory shows up in RSS.
+    return bytearray(b"\\xa5") * n
+
+
+def step():
+    """One unit of work: leaks LEAK_BYTES if LEAKS, plus the bounded noise in NOISE."""
+    global _steps, _spike
+    _steps += 1
+    if LEAKS and LEAK_BYTES:
+        _retained.append(_touched(LEAK_BYTES))
+    if "spikes" in NOISE and SPIKE_EVERY > 0:
+        phase = _steps % SPIKE_EVERY
+        if phase == SPIKE_EVERY // 2:
+            _spike = _touched(SPIKE_BYTES)
+        elif phase == (SPIKE_EVERY // 2 + SPIKE_HOLD_STEPS) % SPIKE_EVERY:
+            _spike = None
+    if "cache" in NOISE and CACHE_BYTES > 0:
+        per_step = -(-CACHE_BYTES // max(CACHE_FILL_STEPS, 1))
+        target = min(CACHE_BYTES, per_step * _steps)
+        while len(_cache) * CACHE_ENTRY_BYTES < target:
+            _cache[len(_cache)] = _touched(CACHE_ENTRY_BYTES)
+    if "churn" in NOISE:
+        junk = [(i, str(i), [i]) for i in range(3000)]
+        del junk
+'''
+
+
+def module_source(spec: FixtureSpec, version: str) -> str:
+    """The `leakyfixture/__init__.py` of one release."""
+    return _MODULE_TEMPLATE.format(
+        version=str(Version(version)),
+        leaks=spec.leaks(version),
+        leak_bytes=spec.leak_kib_per_step * 1024,
+        noise=spec.noise,
+        spike_bytes=spec.spike_mib * 1024 * 1024,
+        spike_every=spec.spike_every,
+        cache_bytes=spec.cache_kib * 1024,
+        cache_fill_steps=spec.cache_fill_steps,
+    )
+
+
+def _record_hash(data: bytes) -> str:
+    digest = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=")
+    return "sha256=" + digest.decode("ascii")
+
+
+def write_wheel(dest: Path, spec: FixtureSpec, version: str) -> Path:
+    """Write one release's wheel into `dest` and return its path."""
+    norm = str(Version(version))
+    tag = FOREIGN_TAG if version == spec.foreign_only else PURE_TAG
+    dist_info = f"{NAME}-{norm}.dist-info"
+    metadata = [
+        "Metadata-Version: 2.1",
+        f"Name: {NAME}",
+        f"Version: {norm}",
+        "Summary: Synthetic releases for leakbisect tests; leaks from a known version on.",
+    ]
+    if spec.requires_python:
+        metadata.append(f"Requires-Python: {spec.requires_python}")
+    wheel = [
+        "Wheel-Version: 1.0",
+        "Generator: leakbisect-fixture",
+        f"Root-Is-Purelib: {'true' if tag == PURE_TAG else 'false'}",
+        f"Tag: {tag}",
+    ]
+    files = {
+        f"{NAME}/__init__.py": module_source(spec, version).encode(),
+        f"{dist_info}/METADATA": ("\n".join(metadata) + "\n").encode(),
+        f"{dist_info}/WHEEL": ("\n".join(wheel) + "\n").encode(),
+    }
+    record = [f"{name},{_record_hash(data)},{len(data)}" for name, data in files.items()]
+    record.append(f"{dist_info}/RECORD,,")
+    files[f"{dist_info}/RECORD"] = ("\n".join(record) + "\n").encode()
+
+    path = dest / spec.wheel_filename(version)
+    with zipfile.ZipFile(path, "w", compression=zipfile.ZIP_DEFLATED) as zf:
+        for name, data in files.items():
+            info = zipfile.ZipInfo(name, date_time=_ZIP_DATE)
+            info.external_attr = 0o644 << 16
+            info.compress_type = zipfile.ZIP_DEFLATED
+            zf.writestr(info, data)
+    return path
+
+
+def _iso_z(dt: datetime) -> str:
+    return dt.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+def build_fixture(dest: Path, spec: FixtureSpec | None = None) -> Path:
+    """Write every release's wheel and `index.json` into `dest`; returns `dest`.
+
+    `index.json` maps each filename to what the index knows about it:
+    `{"files": {filename: {"requires_python", "yanked", "upload_time"}}}`, where
+    `yanked` is `false` or the reason and `upload_time` is ISO 8601 with `Z`.
+    """
+    spec = spec or FixtureSpec()
+    dest = Path(dest)
+    dest.mkdir(parents=True, exist_ok=True)
+    for version in spec.yanked:
+        if version not in spec.all_versions():
+            raise ValueError(f"yanked version {version} is not one of the fixture's releases")
+    meta: dict[str, dict[str, object]] = {}
+    for version in spec.all_versions():
+        path = write_wheel(dest, spec, version)
+        meta[path.name] = {
+            "requires_python": spec.requires_python,
+            "yanked": spec.yanked.get(version, False),
+            "upload_time": _iso_z(spec.upload_time(version)),
+        }
+    (dest / INDEX_METADATA).write_text(json.dumps({"files": meta}, indent=2, sort_keys=True))
+    return dest

@@ -1,0 +1,269 @@
+"""Serve a directory of wheels as a PEP 503 (HTML) + PEP 691 (JSON) simple index on 127.0.0.1.
+
+    with serve_index(wheel_dir) as url:   # url == "http://127.0.0.1:PORT/simple"
+        subprocess.run(["uv", "pip", "install", "--index-url", url, "leakyfixture==1.0.2"])
+
+Routes: `/simple/` (project list), `/simple/<normalized-name>/` (files; a name that is
+not normalized, or lacks the trailing slash, is redirected), `/files/<filename>` (the
+distributions). Pages negotiate on `Accept`: `application/vnd.pypi.simple.v1+json` gets
+PEP 691 JSON (api-version 1.1, with PEP 700 `upload-time`, `size` and `versions`);
+anything else gets HTML with `data-requires-python`, `data-yanked` and `#sha256=`.
+File URLs on the pages are relative (`../../files/...`), as an index may make them.
+
+Per-file facts a wheel cannot carry come from `index.json` in the directory when
+present (see `service.example.fixture`); without it every file is served as not
+yanked, without Requires-Python or upload time.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import html
+import json
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from http import HTTPStatus
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from urllib.parse import quote, unquote, urlsplit
+
+from packaging.utils import (
+    InvalidSdistFilename,
+    InvalidWheelFilename,
+    canonicalize_name,
+    parse_sdist_filename,
+    parse_wheel_filename,
+)
+from packaging.version import InvalidVersion
+
+from service.example.fixture import INDEX_METADATA
+
+JSON_TYPE = "application/vnd.pypi.simple.v1+json"
+HTML_V1_TYPE = "application/vnd.pypi.simple.v1+html"
+HTML_TYPE = "text/html"
+# Tie-break order when several types are equally acceptable.
+_OFFERED = (JSON_TYPE, HTML_V1_TYPE, HTML_TYPE)
+
+
+@dataclass(frozen=True)
+class _File:
+    project: str  # normalized
+    version: str
+    filename: str
+    path: Path
+    sha256: str
+    size: int
+    requires_python: str | None
+    yanked: str | bool
+    upload_time: str | None
+
+
+def _project_and_version(filename: str) -> tuple[str, str] | None:
+    try:
+        if filename.endswith(".whl"):
+            name, version, _build, _tags = parse_wheel_filename(filename)
+        elif filename.endswith((".tar.gz", ".zip")):
+            name, version = parse_sdist_filename(filename)
+        else:
+            return None
+    except (InvalidWheelFilename, InvalidSdistFilename, InvalidVersion):
+        return None
+    return canonicalize_name(name), str(version)
+
+
+def _scan(wheel_dir: Path) -> dict[str, list[_File]]:
+    meta_path = wheel_dir / INDEX_METADATA
+    meta = json.loads(meta_path.read_text())["files"] if meta_path.exists() else {}
+    projects: dict[str, list[_File]] = {}
+    for path in sorted(wheel_dir.iterdir()):
+        parsed = _project_and_version(path.name) if path.is_file() else None
+        if parsed is None:
+            continue
+        data = path.read_bytes()
+        info = meta.get(path.name, {})
+        projects.setdefault(parsed[0], []).append(
+            _File(
+                project=parsed[0],
+                version=parsed[1],
+                filename=path.name,
+                path=path,
+                sha256=hashlib.sha256(data).hexdigest(),
+                size=len(data),
+                requires_python=info.get("requires_python"),
+                yanked=info.get("yanked", False),
+                upload_time=info.get("upload_time"),
+            )
+        )
+    return projects
+
+
+def negotiate(accept: str | None) -> str:
+    """The content type to answer with for an `Accept` header (q-values honoured)."""
+    if not accept:
+        return HTML_TYPE
+    best: tuple[float, int] | None = None
+    chosen = HTML_TYPE
+    for part in accept.split(","):
+        fields = [f.strip() for f in part.split(";")]
+        media = fields[0].lower()
+        q = 1.0
+        for param in fields[1:]:
+            key, _, value = param.partition("=")
+            if key.strip().lower() == "q":
+                try:
+                    q = float(value)
+                except ValueError:
+                    q = 0.0
+        if q <= 0:
+            continue
+        for rank, offered in enumerate(_OFFERED):
+            if media in (offered, "*/*") or (media == "text/*" and offered == HTML_TYPE):
+                key = (q, -rank)
+                if best is None or key > best:
+                    best, chosen = key, offered
+    return chosen
+
+
+def _project_json(project: str, files: list[_File]) -> bytes:
+    versions = sorted({f.version for f in files})
+    body = {
+        "meta": {"api-version": "1.1"},
+        "name": project,
+        "versions": versions,
+        "files": [
+            {
+                "filename": f.filename,
+                "url": f"../../files/{quote(f.filename)}",
+                "hashes": {"sha256": f.sha256},
+                "requires-python": f.requires_python,
+                "yanked": f.yanked,
+                "size": f.size,
+                **({"upload-time": f.upload_time} if f.upload_time else {}),
+            }
+            for f in files
+        ],
+    }
+    return json.dumps(body).encode()
+
+
+def _project_html(project: str, files: list[_File]) -> bytes:
+    links = []
+    for f in files:
+        attrs = [f'href="../../files/{quote(f.filename)}#sha256={f.sha256}"']
+        if f.requires_python:
+            attrs.append(f'data-requires-python="{html.escape(f.requires_python)}"')
+        if f.yanked is not False:
+            reason = f.yanked if isinstance(f.yanked, str) else ""
+            attrs.append(f'data-yanked="{html.escape(reason)}"')
+        links.append(f"    <a {' '.join(attrs)}>{html.escape(f.filename)}</a><br/>")
+    page = (
+        "<!DOCTYPE html>\n<html>\n  <head>\n"
+        '    <meta name="pypi:repository-version" content="1.1">\n'
+        f"    <title>Links for {html.escape(project)}</title>\n  </head>\n  <body>\n"
+        f"    <h1>Links for {html.escape(project)}</h1>\n" + "\n".join(links) + "\n  </body>\n</html>\n"
+    )
+    return page.encode()
+
+
+def _root_json(projects: list[str]) -> bytes:
+    return json.dumps(
+        {"meta": {"api-version": "1.1"}, "projects": [{"name": p} for p in projects]}
+    ).encode()
+
+
+def _root_html(projects: list[str]) -> bytes:
+    links = "\n".join(f'    <a href="{p}/">{html.escape(p)}</a><br/>' for p in projects)
+    return (
+        "<!DOCTYPE html>\n<html>\n  <head>\n"
+        '    <meta name="pypi:repository-version" content="1.1">\n'
+        "    <title>Simple index</title>\n  </head>\n  <body>\n"
+        f"{links}\n  </body>\n</html>\n"
+    ).encode()
+
+
+def _handler(wheel_dir: Path) -> type[BaseHTTPRequestHandler]:
+    class Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def log_message(self, format: str, *args: object) -> None:
+            pass  # quiet
+
+        def do_HEAD(self) -> None:
+            self._serve(head=True)
+
+        def do_GET(self) -> None:
+            self._serve(head=False)
+
+        def _send(
+            self,
+            status: int,
+            body: bytes = b"",
+            content_type: str = "text/plain",
+            head: bool = False,
+            extra: dict[str, str] | None = None,
+        ) -> None:
+            self.send_response(status)
+            self.send_header("Content-Type", content_type)
+            self.send_header("Content-Length", str(len(body)))
+            for key, value in (extra or {}).items():
+                self.send_header(key, value)
+            self.end_headers()
+            if not head:
+                self.wfile.write(body)
+
+        def _page(self, json_body: bytes, html_body: bytes, head: bool) -> None:
+            ctype = negotiate(self.headers.get("Accept"))
+            body = json_body if ctype == JSON_TYPE else html_body
+            self._send(HTTPStatus.OK, body, ctype, head, {"Vary": "Accept"})
+
+        def _serve(self, head: bool) -> None:
+            path = unquote(urlsplit(self.path).path)
+            projects = _scan(wheel_dir)
+            parts = [p for p in path.split("/") if p]
+            if parts == ["simple"]:
+                if not path.endswith("/"):
+                    return self._redirect("/simple/", head)
+                names = sorted(projects)
+                return self._page(_root_json(names), _root_html(names), head)
+            if len(parts) == 2 and parts[0] == "simple":
+                name = canonicalize_name(parts[1])
+                if name != parts[1] or not path.endswith("/"):
+                    return self._redirect(f"/simple/{name}/", head)
+                if name not in projects:
+                    return self._send(HTTPStatus.NOT_FOUND, b"not found\n", head=head)
+                files = projects[name]
+                return self._page(_project_json(name, files), _project_html(name, files), head)
+            if len(parts) == 2 and parts[0] == "files":
+                for files in projects.values():
+                    for f in files:
+                        if f.filename == parts[1]:
+                            return self._send(
+                                HTTPStatus.OK, f.path.read_bytes(), "application/octet-stream", head
+                            )
+            return self._send(HTTPStatus.NOT_FOUND, b"not found\n", head=head)
+
+        def _redirect(self, location: str, head: bool) -> None:
+            self._send(HTTPStatus.MOVED_PERMANENTLY, b"", head=head, extra={"Location": location})
+
+    return Handler
+
+
+@contextmanager
+def serve_index(wheel_dir: Path) -> Iterator[str]:
+    """Serve `wheel_dir` on 127.0.0.1 (a free port) while the block runs.
+
+    Yields the index URL, `http://127.0.0.1:PORT/simple`. The directory is re-read
+    on every request, so files added while serving show up.
+    """
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _handler(Path(wheel_dir)))
+    server.daemon_threads = True
+    thread = threading.Thread(target=server.serve_forever, name="leakyfixture-index", daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}/simple"
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(timeout=5)
