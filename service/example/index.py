@@ -162,7 +162,9 @@ def _project_html(project: str, files: list[_File]) -> bytes:
         "<!DOCTYPE html>\n<html>\n  <head>\n"
         '    <meta name="pypi:repository-version" content="1.1">\n'
         f"    <title>Links for {html.escape(project)}</title>\n  </head>\n  <body>\n"
-        f"    <h1>Links for {html.escape(project)}</h1>\n" + "\n".join(links) + "\n  </body>\n</html>\n"
+        f"    <h1>Links for {html.escape(project)}</h1>\n"
+        + "\n".join(links)
+        + "\n  </body>\n</html>\n"
     )
     return page.encode()
 
