@@ -100,14 +100,18 @@ def _scan(wheel_dir: Path) -> dict[str, list[_File]]:
 
 
 def negotiate(accept: str | None) -> str:
-    """The content type to answer with for an `Accept` header (q-values honoured)."""
+    """The content type to answer with for an `Accept` header.
+
+    Each offered type takes the q-value of the most specific range that matches it;
+    the highest q wins, an explicitly named type beats one matched by a wildcard, and
+    JSON beats HTML on a tie. Wildcards alone (`*/*`, as curl and browsers send) and
+    no header get HTML, the PEP 503 default.
+    """
     if not accept:
         return HTML_TYPE
-    best: tuple[float, int] | None = None
-    chosen = HTML_TYPE
+    ranges: list[tuple[str, float]] = []
     for part in accept.split(","):
         fields = [f.strip() for f in part.split(";")]
-        media = fields[0].lower()
         q = 1.0
         for param in fields[1:]:
             key, _, value = param.partition("=")
@@ -116,13 +120,29 @@ def negotiate(accept: str | None) -> str:
                     q = float(value)
                 except ValueError:
                     q = 0.0
-        if q <= 0:
-            continue
-        for rank, offered in enumerate(_OFFERED):
-            if media in (offered, "*/*") or (media == "text/*" and offered == HTML_TYPE):
-                key = (q, -rank)
-                if best is None or key > best:
-                    best, chosen = key, offered
+        ranges.append((fields[0].lower(), q))
+
+    def score(offered: str) -> tuple[float, int]:
+        best: tuple[int, float] | None = None  # (specificity, q)
+        for media, q in ranges:
+            if media == offered:
+                specificity = 2
+            elif media == offered.split("/")[0] + "/*":
+                specificity = 1
+            elif media == "*/*":
+                specificity = 0
+            else:
+                continue
+            if best is None or specificity > best[0]:
+                best = (specificity, q)
+        return (0.0, 0) if best is None else (best[1], best[0])
+
+    scored = [(score(offered), -rank, offered) for rank, offered in enumerate(_OFFERED)]
+    (q, specificity), _, chosen = max(scored)
+    if q <= 0:
+        return HTML_TYPE
+    if specificity == 0 and score(HTML_TYPE)[0] == q:
+        return HTML_TYPE
     return chosen
 
 
@@ -261,7 +281,9 @@ def serve_index(wheel_dir: Path) -> Iterator[str]:
     """
     server = ThreadingHTTPServer(("127.0.0.1", 0), _handler(Path(wheel_dir)))
     server.daemon_threads = True
-    thread = threading.Thread(target=server.serve_forever, name="leakyfixture-index", daemon=True)
+    thread = threading.Thread(
+        target=server.serve_forever, args=(0.05,), name="leakyfixture-index", daemon=True
+    )
     thread.start()
     try:
         yield f"http://127.0.0.1:{server.server_address[1]}/simple"
