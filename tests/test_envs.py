@@ -1,0 +1,336 @@
+"""runners.envs against real uv, real venvs and the offline fixture index on 127.0.0.1.
+
+Every build uses the local index only (`--index-url`), and one uv cache per test
+session, so nothing here touches the network or the user's cache.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import subprocess
+import sys
+import zipfile
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import pytest
+
+from runners import envs
+from runners.envs import EnvError, build_env, find_python, freeze_diff, resolve_pins, spec_hash
+from runners.wire import EnvSpec
+from service.example.fixture import FixtureSpec, build_fixture
+from service.example.index import serve_index
+
+pytestmark = pytest.mark.timeout(120)
+
+FIXTURE = FixtureSpec()
+
+
+def _write_helper_wheel(dest: Path, version: str) -> None:
+    """A second project, `fixturehelper`, so constraints have something to hold."""
+    dist = f"fixturehelper-{version}"
+    files = {
+        "fixturehelper/__init__.py": f"__version__ = {version!r}\n".encode(),
+        f"{dist}.dist-info/METADATA": (
+            f"Metadata-Version: 2.1\nName: fixturehelper\nVersion: {version}\n"
+        ).encode(),
+        f"{dist}.dist-info/WHEEL": (
+            b"Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: py3-none-any\n"
+        ),
+    }
+    record = []
+    for name, data in files.items():
+        digest = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
+        record.append(f"{name},sha256={digest},{len(data)}")
+    record.append(f"{dist}.dist-info/RECORD,,")
+    files[f"{dist}.dist-info/RECORD"] = ("\n".join(record) + "\n").encode()
+    with zipfile.ZipFile(dest / f"{dist}-py3-none-any.whl", "w") as zf:
+        for name, data in files.items():
+            zf.writestr(name, data)
+
+
+@pytest.fixture(scope="session")
+def index_url(tmp_path_factory: pytest.TempPathFactory):
+    wheels = build_fixture(tmp_path_factory.mktemp("wheels"))
+    for version in ("1.0", "2.0"):
+        _write_helper_wheel(wheels, version)
+    with serve_index(wheels) as url:
+        yield url
+
+
+@pytest.fixture(scope="session")
+def cache_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("uv-cache")
+
+
+@pytest.fixture
+def build(tmp_path: Path, cache_dir: Path, index_url: str):
+    root = tmp_path / "envs"
+
+    def _build(version: str = "1.0.2", **kw):
+        kw.setdefault("index_url", index_url)
+        spec = EnvSpec(package="leakyfixture", version=version, **kw)
+        return build_env(spec, root=root, cache_dir=cache_dir)
+
+    _build.root = root
+    _build.index_url = index_url
+    return _build
+
+
+def _venv_dirs(root: Path) -> list[Path]:
+    return [p for p in root.iterdir() if p.is_dir()] if root.exists() else []
+
+
+def test_build_installs_the_candidate_and_reuses_it(build, cache_dir: Path) -> None:
+    lines: list[str] = []
+    first = build("1.0.2")
+    assert first.ok, first.error
+    assert not first.reused
+    assert first.resolution == "free" and first.resolution_note is None
+    assert "leakyfixture==1.0.2" in first.freeze
+    spec = EnvSpec(package="leakyfixture", version="1.0.2", index_url=build.index_url)
+    assert Path(first.path) == build.root / spec_hash(spec)
+    assert first.python_executable == str(Path(first.path) / "bin" / "python")
+    out = subprocess.run(
+        [first.python_executable, "-c", "import leakyfixture; print(leakyfixture.__version__)"],
+        capture_output=True, text=True, check=True,
+    )  # fmt: skip
+    assert out.stdout.strip() == "1.0.2"
+    # Installed from the shared cache by hard link (cache and envs share a filesystem).
+    module = Path(first.path).glob("lib/python*/site-packages/leakyfixture/__init__.py")
+    assert next(module).stat().st_nlink > 1
+
+    second = build_env(spec, root=build.root, cache_dir=cache_dir, log=lines.append)
+    assert second.ok and second.reused
+    assert second.path == first.path
+    assert second.freeze == first.freeze
+    assert any(line.startswith("reusing ") for line in lines)
+
+
+def test_half_built_env_is_removed_and_rebuilt(build) -> None:
+    first = build("1.0.2")
+    assert first.ok
+    (Path(first.path) / envs.MARKER).unlink()
+    (Path(first.path) / "leftover").write_text("from an interrupted build")
+    again = build("1.0.2")
+    assert again.ok and not again.reused
+    assert again.path == first.path
+    assert not (Path(again.path) / "leftover").exists()
+    assert (Path(again.path) / envs.MARKER).exists()
+    assert build("1.0.2").reused
+
+
+def test_changed_env_is_rebuilt(build) -> None:
+    first = build("1.0.2")
+    subprocess.run(
+        [envs._uv(), "pip", "uninstall", "--python", first.python_executable, "leakyfixture"],
+        capture_output=True, check=True,
+    )  # fmt: skip
+    again = build("1.0.2")
+    assert again.ok and not again.reused
+    assert "leakyfixture==1.0.2" in again.freeze
+
+
+def test_constraints_hold_other_packages(build) -> None:
+    # The candidate's own pin among the constraints is dropped, not a conflict.
+    result = build(
+        "1.0.2",
+        requirements=["fixturehelper"],
+        constraints=["fixturehelper==1.0", "leakyfixture==1.0.0"],
+    )
+    assert result.ok, result.error
+    assert result.resolution == "constrained"
+    assert result.resolution_note is None
+    assert {"fixturehelper==1.0", "leakyfixture==1.0.2"} <= set(result.freeze)
+    constraints = (Path(result.path) / envs.CONSTRAINTS_FILE).read_text()
+    assert constraints == "fixturehelper==1.0\n"
+
+
+def test_unresolvable_constraints_fall_back_to_free(build) -> None:
+    result = build("1.0.2", requirements=["fixturehelper>=2"], constraints=["fixturehelper==1.0"])
+    assert result.ok, result.error
+    assert result.resolution == "free"
+    assert "fixturehelper==2.0" in result.freeze
+    note = result.resolution_note
+    assert note is not None and "\n" not in note
+    assert note.startswith("held pins did not resolve, resolved freely: Because ")
+    assert "fixturehelper>=2" in note and "fixturehelper==1.0" in note
+    # The reused environment reports the same resolution.
+    again = build("1.0.2", requirements=["fixturehelper>=2"], constraints=["fixturehelper==1.0"])
+    assert again.reused and again.resolution == "free" and again.resolution_note == note
+
+
+def test_as_released_cuts_off_at_the_upload_time(build) -> None:
+    uploaded = FIXTURE.upload_time("1.0.2")
+
+    before = build("1.0.2", exclude_newer=uploaded - timedelta(milliseconds=1))
+    assert not before.ok
+    assert before.resolution == "as-released"
+    assert "No solution found when resolving dependencies" in before.error
+    assert "exclude-newer" in before.error
+    assert "Using Python" not in before.error
+    assert _venv_dirs(build.root) == []
+
+    at = build("1.0.2", exclude_newer=uploaded)  # inclusive: uploaded at the cutoff counts
+    assert at.ok, at.error
+    assert at.resolution == "as-released"
+    assert "leakyfixture==1.0.2" in at.freeze
+
+    naive_after = build(
+        "1.0.2", exclude_newer=(uploaded + timedelta(hours=12)).replace(tzinfo=None)
+    )
+    assert naive_after.ok, naive_after.error
+
+
+def test_exclude_newer_arg() -> None:
+    when = datetime(2024, 1, 3, tzinfo=UTC)
+    assert envs.exclude_newer_arg(when) == "2024-01-03T00:00:00.001Z"
+    assert envs.exclude_newer_arg(when + timedelta(microseconds=999)) == "2024-01-03T00:00:00.001Z"
+    assert envs.exclude_newer_arg(datetime(2024, 1, 3, 1)) == "2024-01-03T01:00:00.001Z"
+
+
+def test_foreign_platform_only_release_cannot_be_built(build) -> None:
+    assert FIXTURE.foreign_only == "1.0.4"
+    result = build("1.0.4")
+    assert not result.ok
+    assert result.path is None and result.freeze == []
+    assert "no wheels with a matching platform tag" in result.error
+    assert len(result.error.splitlines()) <= envs.ERROR_LINES
+    assert _venv_dirs(build.root) == []
+
+
+def test_missing_version_cannot_be_built(build) -> None:
+    result = build("1.0.77")
+    assert not result.ok
+    assert "there is no version of leakyfixture==1.0.77" in result.error
+
+
+def test_caller_uv_settings_do_not_leak_in(build, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("UV_EXCLUDE_NEWER", "2000-01-01T00:00:00Z")
+    monkeypatch.setenv("UV_INDEX_URL", "http://127.0.0.1:9/simple")
+    monkeypatch.setenv("UV_CONSTRAINT", "/nonexistent/constraints.txt")
+    result = build("1.0.1")
+    assert result.ok, result.error
+
+
+def test_uv_env_passes_tls_settings(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("SSL_CERT_FILE", "/etc/ssl/certs/ca-certificates.crt")
+    monkeypatch.setenv("UV_NATIVE_TLS", "1")
+    monkeypatch.setenv("UV_PYTHON", "3.8")
+    monkeypatch.setenv("VIRTUAL_ENV", str(tmp_path))
+    env = envs._uv_env(tmp_path / "cache", link_from=tmp_path)
+    assert env["SSL_CERT_FILE"] == "/etc/ssl/certs/ca-certificates.crt"
+    assert env["UV_NATIVE_TLS"] == "1"
+    assert "UV_PYTHON" not in env and "VIRTUAL_ENV" not in env
+    assert env["UV_CACHE_DIR"] == str(tmp_path / "cache")
+    assert env["UV_PYTHON_DOWNLOADS"] == "never"
+    (tmp_path / "cache").mkdir()
+    assert envs._uv_env(tmp_path / "cache", link_from=tmp_path)["UV_LINK_MODE"] == "hardlink"
+
+
+def test_spec_hash_covers_the_whole_spec() -> None:
+    base = EnvSpec(package="leakyfixture", version="1.0.2", requirements=["a", "b"])
+    assert spec_hash(base) == spec_hash(base.model_copy())
+    assert spec_hash(base) == spec_hash(base.model_copy(update={"requirements": ["b", "a"]}))
+    changes = {
+        "version": "1.0.3",
+        "python": "3.12",
+        "requirements": ["a"],
+        "index_url": "http://127.0.0.1:1/simple",
+        "extra_index_urls": ["http://127.0.0.1:2/simple"],
+        "find_links": ["/wheels"],
+        "pre": True,
+        "constraints": ["a==1"],
+        "exclude_newer": datetime(2024, 1, 1, tzinfo=UTC),
+    }
+    hashes = {spec_hash(base.model_copy(update={k: v})) for k, v in changes.items()}
+    assert len(hashes) == len(changes) and spec_hash(base) not in hashes
+
+
+def test_resolve_pins(index_url: str, cache_dir: Path) -> None:
+    spec = EnvSpec(
+        package="leakyfixture", version="1.0.2", requirements=["fixturehelper"], index_url=index_url
+    )
+    assert resolve_pins(spec, cache_dir=cache_dir) == ["fixturehelper==2.0", "leakyfixture==1.0.2"]
+
+
+def test_resolve_pins_unresolvable(index_url: str, cache_dir: Path) -> None:
+    spec = EnvSpec(package="leakyfixture", version="1.0.4", index_url=index_url)
+    with pytest.raises(
+        EnvError, match=r"^cannot resolve leakyfixture==1\.0\.4: Because .*platform"
+    ):
+        resolve_pins(spec, cache_dir=cache_dir)
+
+
+def test_find_python() -> None:
+    running = f"{sys.version_info.major}.{sys.version_info.minor}"
+    for request in (None, running):
+        path = find_python(request)
+        out = subprocess.run(
+            [path, "-c", "import sys; print('%d.%d' % sys.version_info[:2])"],
+            capture_output=True, text=True, check=True,
+        )  # fmt: skip
+        assert out.stdout.strip() == running
+    with pytest.raises(EnvError) as info:
+        find_python("3.99")
+    assert str(info.value) == (
+        "python 3.99 is not available: No interpreter found for Python 3.99 in virtual "
+        "environments, managed installations, or search path"
+    )
+
+
+def test_unavailable_python_is_an_env_error(build) -> None:
+    with pytest.raises(EnvError, match=r"^python 3\.99 is not available: "):
+        build("1.0.2", python="3.99")
+
+
+@pytest.mark.parametrize(
+    ("a", "b", "expected"),
+    [
+        ([], [], []),
+        (["x==1"], ["x==1"], []),
+        (["x==1", "y==2"], ["y==3", "x==1"], [("y", "2", "3")]),
+        (["only-a==1"], [], [("only-a", "1", None)]),
+        ([], ["Only_B==2"], [("Only_B", None, "2")]),
+        (["Foo.Bar==1"], ["foo-bar==2"], [("Foo.Bar", "1", "2")]),
+        (["b==1", "a==1", "c==1"], ["c==2", "a==2", "b==1"], [("a", "1", "2"), ("c", "1", "2")]),
+        (["p @ file:///w/p-1.whl"], ["p==1"], [("p", "file:///w/p-1.whl", "1")]),
+        (["# comment", "", "-e file:///src", "q==1"], ["q==1"], []),
+    ],
+)
+def test_freeze_diff(a: list[str], b: list[str], expected) -> None:
+    assert freeze_diff(a, b) == expected
+
+
+def test_unparsable_requirement(tmp_path: Path) -> None:
+    spec = EnvSpec(package="leakyfixture", version="1.0.2", requirements=["numpy", "foo>="])
+    with pytest.raises(EnvError) as info:
+        build_env(spec, root=tmp_path / "envs", cache_dir=tmp_path / "cache")
+    assert str(info.value) == (
+        "requirement 'foo>=' does not parse: "
+        "Expected semicolon (after name with no version specifier) or end"
+    )
+    assert not (tmp_path / "envs").exists() or _venv_dirs(tmp_path / "envs") == []
+    with pytest.raises(EnvError, match=r"^constraint 'bar==' does not parse: "):
+        bad = spec.model_copy(update={"requirements": [], "constraints": ["bar=="]})
+        build_env(bad, root=tmp_path / "envs", cache_dir=tmp_path / "cache")
+    with pytest.raises(EnvError, match=r"^requirement 'foo>=' does not parse: "):
+        resolve_pins(spec)
+
+
+def test_default_cache_dir(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setenv("UV_CACHE_DIR", str(tmp_path / "uv"))
+    assert envs.default_cache_dir() == tmp_path / "uv"
+    monkeypatch.delenv("UV_CACHE_DIR")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    assert envs.default_cache_dir() == tmp_path / "leakbisect" / "uv"
+
+
+def test_errors_are_trimmed() -> None:
+    stderr = "\n".join(
+        ["Using Python 3.11.7 environment at: /x", "Resolved 3 packages in 1ms", ""]
+        + [f"  cause: line {i}" for i in range(40)]
+    )
+    trimmed = envs._meaningful(stderr)
+    assert trimmed.splitlines() == [f"  cause: line {i}" for i in range(20, 40)]
