@@ -1,0 +1,606 @@
+"""The planner's exact search paths, pinned.
+
+A tiny driver plays the runners: every candidate the planner returns is
+"evaluated" with its scripted truth, all of a round at once, until the planner
+returns an outcome. The sequences asserted here were worked out by hand from the
+rules in service/planner.py's docstring (rank-median of the unknowns, lower index
+on ties, bounds first, confirm the boundary pair once).
+"""
+
+import random
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import pytest
+
+from service.planner import CandidateState, Outcome, Plan, plan
+from service.verdicts import Verdict
+
+CLEAN, LEAK, PLATEAU = Verdict.CLEAN, Verdict.LEAK, Verdict.PLATEAU
+SKIP, ERROR, INCONCLUSIVE = Verdict.SKIP, Verdict.ERROR, Verdict.INCONCLUSIVE
+
+# A truth is one verdict per candidate, or a list consumed one per evaluation
+# (the last one repeats) to script a flaky candidate.
+Truth = Verdict | Sequence[Verdict]
+
+
+def version(i: int) -> str:
+    return f"1.0.{i}"
+
+
+def regression(n: int, first_bad: int, **overrides: Truth) -> list[Truth]:
+    """Clean before `first_bad`, leaking from it on; `overrides` as `at5=SKIP`."""
+    truth: list[Truth] = [CLEAN if i < first_bad else LEAK for i in range(n)]
+    for key, value in overrides.items():
+        truth[int(key.removeprefix("at"))] = value
+    return truth
+
+
+def fixed(n: int, first_good: int) -> list[Truth]:
+    return [LEAK if i < first_good else CLEAN for i in range(n)]
+
+
+def evaluate(truth: Truth, evaluation: int) -> Verdict:
+    if isinstance(truth, Verdict):
+        return truth
+    return truth[min(evaluation, len(truth) - 1)]
+
+
+@dataclass
+class Search:
+    rounds: list[tuple[int, ...]] = field(default_factory=list)
+    outcome: Outcome | None = None
+
+    @property
+    def visited(self) -> list[int]:
+        return [i for r in self.rounds for i in r]
+
+
+def states(done: list[list[Verdict]], untestable: frozenset[int], running=frozenset()):
+    return [
+        CandidateState(
+            version=version(i),
+            testable=i not in untestable,
+            verdicts=tuple(v),
+            running=i in running,
+        )
+        for i, v in enumerate(done)
+    ]
+
+
+def simulate(
+    truth: list[Truth],
+    slots: int,
+    *,
+    untestable: Sequence[int] = (),
+    find_fix: bool = False,
+    confirm: bool = True,
+) -> Search:
+    """Run a whole search, completing every round's evaluations together."""
+    skipped_forever = frozenset(untestable)
+    done: list[list[Verdict]] = [[] for _ in truth]
+    search = Search()
+    for _ in range(500):
+        step = plan(states(done, skipped_forever), slots, find_fix=find_fix, confirm=confirm)
+        if step.outcome is not None:
+            assert step.run == ()
+            search.outcome = step.outcome
+            return search
+        assert step.run, "planner waits although nothing is running"
+        assert len(step.run) <= slots
+        assert len(set(step.run)) == len(step.run)
+        assert not skipped_forever & set(step.run), "an untestable candidate was picked"
+        for i in step.run:
+            done[i].append(evaluate(truth[i], len(done[i])))
+        search.rounds.append(step.run)
+    raise AssertionError("search did not end")
+
+
+# --- k = 1: exact paths -------------------------------------------------------------------
+
+
+def test_first_bad_in_the_middle():
+    # Bounds 0 then 9; unknowns 1..8 -> 4th = 4 (clean); 5..8 -> 2nd = 6 (leak);
+    # 5 alone (clean); then confirm 5 and 6.
+    search = simulate(regression(10, 6), 1)
+    assert search.visited == [0, 9, 4, 6, 5, 5, 6]
+    assert search.outcome == Outcome(
+        "found",
+        5,
+        6,
+        (),
+        "first bad is 1.0.6 and last good is 1.0.5, each confirmed by a second evaluation",
+    )
+
+
+def test_first_bad_is_the_last_candidate():
+    # 1..8 -> 4; 5..8 -> 6; 7, 8 -> 7; 8; confirm 8 and the bad bound 9.
+    search = simulate(regression(10, 9), 1)
+    assert search.visited == [0, 9, 4, 6, 7, 8, 8, 9]
+    assert (search.outcome.status, search.outcome.last_old, search.outcome.first_new) == (
+        "found",
+        8,
+        9,
+    )
+
+
+def test_first_bad_right_after_the_good_bound():
+    # 1..8 -> 4 (leak); 1..3 -> 2 (leak); 1 (leak); confirm the good bound 0 and 1.
+    search = simulate(regression(10, 1), 1)
+    assert search.visited == [0, 9, 4, 2, 1, 0, 1]
+    assert (search.outcome.status, search.outcome.last_old, search.outcome.first_new) == (
+        "found",
+        0,
+        1,
+    )
+
+
+def test_two_candidates_only_need_bounds_and_confirmation():
+    search = simulate(regression(2, 1), 1)
+    assert search.visited == [0, 1, 0, 1]
+    assert search.outcome.status == "found"
+
+
+def test_without_confirmation():
+    search = simulate(regression(10, 6), 1, confirm=False)
+    assert search.visited == [0, 9, 4, 6, 5]
+    assert search.outcome == Outcome(
+        "found", 5, 6, (), "first bad is 1.0.6 and last good is 1.0.5, not re-run to confirm"
+    )
+
+
+def test_plateau_counts_as_good_and_agrees_with_clean():
+    truth = regression(10, 6)
+    truth[5] = [PLATEAU, CLEAN]
+    search = simulate(truth, 1)
+    assert search.visited == [0, 9, 4, 6, 5, 5, 6]
+    assert search.outcome.status == "found"
+
+
+# --- skips and untestable candidates -------------------------------------------------------
+
+
+def test_skipped_midpoint_is_stepped_around():
+    # 4 skips; unknowns 1,2,3,5,6,7,8 -> 4th = 5 (clean); 6,7,8 -> 7 (leak); 6 (leak).
+    search = simulate(regression(10, 6, at4=SKIP), 1)
+    assert search.visited == [0, 9, 4, 5, 7, 6, 5, 6]
+    assert (search.outcome.status, search.outcome.last_old, search.outcome.first_new) == (
+        "found",
+        5,
+        6,
+    )
+    assert search.outcome.skipped == ()  # 4 is not between the pair
+
+
+def test_only_a_skip_separates_good_and_bad():
+    # 4 (clean), 6 (leak), 5 (skip): only 5 is left between 4 and 6; confirm 4, 6.
+    search = simulate(regression(10, 6, at5=SKIP), 1)
+    assert search.visited == [0, 9, 4, 6, 5, 4, 6]
+    assert search.outcome == Outcome(
+        "inconclusive",
+        4,
+        6,
+        (5,),
+        "first bad is one of 1.0.5, 1.0.6: 1.0.5 (skip) could not be judged, "
+        "and last good is 1.0.4",
+    )
+
+
+def test_several_unjudgeable_candidates_separate_the_pair():
+    # 4 skip; 1,2,3,5..8 -> 5 (error); 1,2,3,6,7,8 -> 3rd = 3 (clean); 6,7,8 -> 7 (leak);
+    # 6 (leak); 4 and 5 remain between 3 and 6.
+    search = simulate(regression(10, 6, at4=SKIP, at5=ERROR), 1)
+    assert search.visited == [0, 9, 4, 5, 3, 7, 6, 3, 6]
+    outcome = search.outcome
+    assert (outcome.status, outcome.last_old, outcome.first_new, outcome.skipped) == (
+        "inconclusive",
+        3,
+        6,
+        (4, 5),
+    )
+    assert outcome.message == (
+        "first bad is one of 1.0.4, 1.0.5, 1.0.6: 1.0.4 (skip), 1.0.5 (error) could not be "
+        "judged, and last good is 1.0.3"
+    )
+
+
+def test_inconclusive_interior_candidate_is_stepped_around():
+    search = simulate(regression(10, 6, at4=INCONCLUSIVE), 1)
+    assert search.visited == [0, 9, 4, 5, 7, 6, 5, 6]
+    assert search.outcome.status == "found"
+
+
+def test_untestable_candidates_are_never_visited():
+    # Unknowns 1,2,6,7,8 -> 3rd = 6 (clean); 7, 8 -> 7 (leak).
+    search = simulate(regression(10, 7), 1, untestable=(3, 4, 5))
+    assert search.visited == [0, 9, 6, 7, 6, 7]
+    assert (search.outcome.status, search.outcome.last_old, search.outcome.first_new) == (
+        "found",
+        6,
+        7,
+    )
+
+
+def test_untestable_candidate_at_the_boundary():
+    # Unknowns 1..5,7,8 -> 4th = 4 (clean); 5,7,8 -> 7 (leak); 5 (clean).
+    search = simulate(regression(10, 7), 1, untestable=(6,))
+    assert search.visited == [0, 9, 4, 7, 5, 5, 7]
+    assert search.outcome == Outcome(
+        "inconclusive",
+        5,
+        7,
+        (6,),
+        "first bad is one of 1.0.6, 1.0.7: 1.0.6 (untestable) could not be judged, "
+        "and last good is 1.0.5",
+    )
+
+
+# --- bounds ---------------------------------------------------------------------------------
+
+
+def test_good_bound_leaks():
+    search = simulate(regression(10, 0), 1)
+    assert search.visited == [0]  # no need to test the bad bound
+    assert search.outcome == Outcome(
+        "bounds_failed", None, None, (), "good bound 1.0.0 leaks: it must not"
+    )
+
+
+def test_bad_bound_is_clean():
+    search = simulate(regression(10, 10), 1)
+    assert search.visited == [0, 9]
+    assert search.outcome == Outcome(
+        "bounds_failed", None, None, (), "bad bound 1.0.9 does not leak (clean): nothing to bisect"
+    )
+
+
+def test_bad_bound_plateaus():
+    truth = regression(10, 10)
+    truth[9] = PLATEAU
+    search = simulate(truth, 1)
+    assert search.outcome.message == "bad bound 1.0.9 does not leak (plateau): nothing to bisect"
+
+
+def test_inverted_range_suggests_find_fix():
+    search = simulate(fixed(10, 5), 2)
+    assert search.visited == [0, 9]
+    assert search.outcome == Outcome(
+        "bounds_failed",
+        None,
+        None,
+        (),
+        "good bound 1.0.0 leaks and bad bound 1.0.9 does not (clean): this looks like a fix; "
+        "use find-fix",
+    )
+
+
+def test_untestable_bound_is_an_error():
+    search = simulate(regression(10, 6), 1, untestable=(0,))
+    assert search.visited == []
+    assert search.outcome == Outcome(
+        "error",
+        None,
+        None,
+        (),
+        "good bound 1.0.0 cannot be tested: it has no installable distribution",
+    )
+
+
+def test_skipped_bad_bound_is_an_error():
+    search = simulate(regression(10, 6, at9=SKIP), 1)
+    assert search.visited == [0, 9]
+    assert search.outcome.status == "error"
+    assert search.outcome.message == (
+        "bad bound 1.0.9 cannot be tested: its script skipped it "
+        "(exit 125 or no buildable environment)"
+    )
+
+
+def test_erroring_good_bound_is_an_error():
+    search = simulate(regression(10, 6, at0=ERROR), 1)
+    assert search.visited == [0]
+    assert search.outcome.status == "error"
+    assert search.outcome.message.startswith("good bound 1.0.0 cannot be tested: its evaluation")
+
+
+def test_inconclusive_bound():
+    search = simulate(regression(10, 6, at0=INCONCLUSIVE), 1)
+    assert search.visited == [0]
+    assert search.outcome == Outcome(
+        "inconclusive",
+        None,
+        None,
+        (),
+        "good bound 1.0.0 is inconclusive: the classifier could not tell whether it leaks",
+    )
+
+
+def test_failed_bound_ignores_speculative_results():
+    # k=3: 0, 9 and the speculative 4 run together; the bad bound is clean, and 4's
+    # leak (inconsistent data) changes nothing.
+    search = simulate(regression(10, 10, at4=LEAK), 3)
+    assert search.rounds == [(0, 9, 4)]
+    assert search.outcome.status == "bounds_failed"
+    assert search.outcome.message.startswith("bad bound 1.0.9 does not leak")
+
+
+def test_flaky_bound_after_confirmation():
+    # first bad 1: the good bound is re-run to confirm and leaks the second time.
+    search = simulate(regression(10, 1, at0=[CLEAN, LEAK]), 1)
+    assert search.visited == [0, 9, 4, 2, 1, 0]
+    assert search.outcome == Outcome(
+        "inconclusive",
+        None,
+        None,
+        (),
+        "good bound 1.0.0 is flaky: its evaluations disagree (clean, leak)",
+    )
+
+
+def test_too_few_candidates():
+    assert plan([CandidateState("1.0")], 1).outcome.status == "error"
+    assert plan([], 1).outcome.status == "error"
+    with pytest.raises(ValueError):
+        plan([CandidateState("1"), CandidateState("2")], -1)
+
+
+# --- k-section ------------------------------------------------------------------------------
+
+
+def test_two_slots():
+    # Bounds together; 1..8 with 2 points: ranks 3 and 6 -> 3 (clean), 6 (leak);
+    # 4 and 5 both; confirm 5 and 6 together.
+    search = simulate(regression(10, 6), 2)
+    assert search.rounds == [(0, 9), (3, 6), (4, 5), (5, 6)]
+    assert search.outcome.first_new == 6
+
+
+def test_three_slots_speculate_while_checking_bounds():
+    # Bounds plus the median 4; then 5..8 with 3 points: 5, 6, 7; confirm 5, 6.
+    search = simulate(regression(10, 6), 3)
+    assert search.rounds == [(0, 9, 4), (5, 6, 7), (5, 6)]
+    assert (search.outcome.last_old, search.outcome.first_new) == (5, 6)
+
+
+def test_sixty_four_candidates_four_slots():
+    # Round 1: bounds + 21, 42 (62 unknowns in thirds); round 2: 22..41 in fifths ->
+    # 25, 29, 33, 37; round 3: 34, 35, 36 all; round 4: confirm 36 and 37.
+    search = simulate(regression(64, 37), 4)
+    assert search.rounds == [(0, 63, 21, 42), (25, 29, 33, 37), (34, 35, 36), (36, 37)]
+    assert (search.outcome.status, search.outcome.last_old, search.outcome.first_new) == (
+        "found",
+        36,
+        37,
+    )
+    for first_bad in range(1, 64):
+        search = simulate(regression(64, first_bad), 4)
+        assert search.outcome.first_new == first_bad
+        # bounds (+2 speculative points), two rounds to bisect, one to confirm
+        assert len(search.rounds) <= 4
+
+
+# --- find-fix -------------------------------------------------------------------------------
+
+
+def test_find_fix_mirrors_regression():
+    search = simulate(fixed(10, 6), 1, find_fix=True)
+    assert search.visited == [0, 9, 4, 6, 5, 5, 6]
+    assert search.outcome == Outcome(
+        "found",
+        5,
+        6,
+        (),
+        "first fixed is 1.0.6 and last leaking is 1.0.5, each confirmed by a second evaluation",
+    )
+
+
+def test_find_fix_bounds():
+    search = simulate(regression(10, 6), 1, find_fix=True)
+    assert search.visited == [0]
+    assert search.outcome.message == (
+        "old bound 1.0.0 does not leak (clean): find-fix needs it to leak"
+    )
+    search = simulate([LEAK] * 10, 1, find_fix=True)
+    assert search.visited == [0, 9]
+    assert search.outcome.message == "new bound 1.0.9 still leaks: nothing to bisect"
+    search = simulate(regression(10, 6), 2, find_fix=True)
+    assert search.outcome.message == (
+        "old bound 1.0.0 does not leak (clean) and new bound 1.0.9 leaks: "
+        "this looks like a regression, not a fix"
+    )
+
+
+def test_find_fix_with_skip():
+    truth = fixed(10, 6)
+    truth[5] = SKIP
+    search = simulate(truth, 1, find_fix=True)
+    assert search.visited == [0, 9, 4, 6, 5, 4, 6]
+    assert search.outcome.message == (
+        "first fixed is one of 1.0.5, 1.0.6: 1.0.5 (skip) could not be judged, "
+        "and last leaking is 1.0.4"
+    )
+
+
+# --- confirmation ---------------------------------------------------------------------------
+
+
+def test_flaky_first_bad_continues_the_search():
+    # 6 leaks, then is clean when confirmed: it becomes flaky. The interval is now
+    # (5, 9) with 7, 8 unknown -> 7 (leak); only flaky 6 separates 5 and 7; confirm 7.
+    search = simulate(regression(10, 6, at6=[LEAK, CLEAN]), 1)
+    assert search.visited == [0, 9, 4, 6, 5, 5, 6, 7, 7]
+    assert search.outcome == Outcome(
+        "inconclusive",
+        5,
+        7,
+        (6,),
+        "first bad is one of 1.0.6, 1.0.7: 1.0.6 (flaky) could not be judged, "
+        "and last good is 1.0.5",
+    )
+
+
+def test_flaky_last_good_moves_the_pair_down():
+    # 5's confirmation leaks: last good falls back to 4, which needs its own re-run.
+    search = simulate(regression(10, 6, at5=[CLEAN, LEAK]), 1)
+    assert search.visited == [0, 9, 4, 6, 5, 5, 4, 6]
+    outcome = search.outcome
+    assert (outcome.status, outcome.last_old, outcome.first_new, outcome.skipped) == (
+        "inconclusive",
+        4,
+        6,
+        (5,),
+    )
+
+
+def test_flaky_first_bad_then_clean_search_finds_the_real_boundary():
+    # 6 leaked once by accident; the real first bad is 8. After 6 turns flaky the
+    # search continues in (5, 9): 7 (clean), 8 (leak); confirm 7 and 8. The pair is
+    # adjacent, so the answer is found although 6 was flaky.
+    search = simulate(regression(10, 8, at6=[LEAK, CLEAN]), 1)
+    assert search.visited == [0, 9, 4, 6, 5, 5, 6, 7, 8, 7, 8]
+    assert (search.outcome.status, search.outcome.last_old, search.outcome.first_new) == (
+        "found",
+        7,
+        8,
+    )
+
+
+def test_confirmation_that_errors_makes_the_candidate_unjudgeable():
+    search = simulate(regression(10, 6, at6=[LEAK, ERROR]), 1)
+    assert search.visited == [0, 9, 4, 6, 5, 5, 6, 7, 7]
+    assert search.outcome.skipped == (6,)
+    assert "1.0.6 (flaky)" in search.outcome.message
+
+
+# --- running candidates ---------------------------------------------------------------------
+
+
+def snapshot(n: int, verdicts: dict[int, Sequence[Verdict]], running: Sequence[int] = ()):
+    return [
+        CandidateState(version(i), verdicts=tuple(verdicts.get(i, ())), running=i in running)
+        for i in range(n)
+    ]
+
+
+def test_running_candidates_are_cuts_and_use_slots():
+    bounds = {0: [CLEAN], 9: [LEAK]}
+    # 4 runs: segments 1..3 and 5..8; one free slot goes to the larger one's median.
+    assert plan(snapshot(10, bounds, running=[4]), 2) == Plan((6,), None)
+    # two free slots: one in each segment.
+    assert plan(snapshot(10, bounds, running=[4]), 3) == Plan((2, 6), None)
+    # no free slot: wait.
+    assert plan(snapshot(10, bounds, running=[4]), 1) == Plan((), None)
+    # more running than slots (slots shrank): wait, never negative.
+    assert plan(snapshot(10, bounds, running=[4, 6]), 1) == Plan((), None)
+
+
+def test_running_bounds():
+    # One slot, good bound running: wait rather than test the bad bound concurrently.
+    assert plan(snapshot(10, {}, running=[0]), 1) == Plan((), None)
+    # Two slots: the bad bound joins.
+    assert plan(snapshot(10, {}, running=[0]), 2) == Plan((9,), None)
+    # Three: the bad bound and a speculative median.
+    assert plan(snapshot(10, {}, running=[0]), 3) == Plan((9, 4), None)
+    # The interval is resolved, but the bad bound is still running: wait for it.
+    assert plan(snapshot(3, {0: [CLEAN], 1: [CLEAN]}, running=[2]), 4) == Plan((), None)
+
+
+def test_waits_for_running_interior_candidates():
+    bounds = {0: [CLEAN], 3: [LEAK]}
+    assert plan(snapshot(4, bounds, running=[1, 2]), 4) == Plan((), None)
+
+
+def test_running_confirmation_is_not_repeated():
+    verdicts = {0: [CLEAN], 4: [CLEAN], 5: [CLEAN], 6: [LEAK], 9: [LEAK]}
+    assert plan(snapshot(10, verdicts), 2) == Plan((5, 6), None)
+    assert plan(snapshot(10, verdicts, running=[5]), 2) == Plan((6,), None)
+    assert plan(snapshot(10, verdicts, running=[5, 6]), 4) == Plan((), None)
+
+
+def test_outcome_does_not_wait_for_candidates_outside_the_interval():
+    verdicts = {0: [CLEAN], 4: [CLEAN], 5: [CLEAN, CLEAN], 6: [LEAK, LEAK], 9: [LEAK]}
+    step = plan(snapshot(10, verdicts, running=[2]), 2)
+    assert step.outcome is not None and step.outcome.status == "found"
+
+
+def test_inconsistent_data_takes_the_first_leak():
+    # 3 leaks but 6 is clean: the boundary is the first leak and the last good below it.
+    verdicts = {0: [CLEAN], 3: [LEAK], 6: [CLEAN], 9: [LEAK]}
+    assert plan(snapshot(10, verdicts), 1) == Plan((1,), None)
+    verdicts.update({1: [CLEAN], 2: [CLEAN]})
+    assert plan(snapshot(10, verdicts), 2) == Plan((2, 3), None)
+
+
+# --- properties -----------------------------------------------------------------------------
+
+
+def ceil_log(base: int, x: int) -> int:
+    """Smallest r with base**r >= x, in integers."""
+    r = 0
+    while base**r < x:
+        r += 1
+    return r
+
+
+@pytest.mark.parametrize("slots", [1, 2, 4])
+def test_every_boundary_is_found(slots):
+    for n in range(2, 41):
+        counts = []
+        for first_bad in range(1, n):
+            search = simulate(regression(n, first_bad), slots)
+            outcome = search.outcome
+            assert (outcome.status, outcome.last_old, outcome.first_new, outcome.skipped) == (
+                "found",
+                first_bad - 1,
+                first_bad,
+                (),
+            ), (n, first_bad)
+            assert search.rounds[0][:2] == ((0,) if slots == 1 else (0, n - 1))
+            # nothing evaluated more than twice; only the pair twice
+            twice = {i for i in search.visited if search.visited.count(i) == 2}
+            assert twice == {first_bad - 1, first_bad}
+            counts.append(len(search.visited) if slots == 1 else len(search.rounds))
+        if slots == 1:
+            # 2 bounds + binary search over n - 2 unknowns + 2 confirmations, and the
+            # worst case reaches it exactly.
+            assert max(counts) == ceil_log(2, n - 1) + 4, n
+        else:
+            # a bounds round, (slots + 1)-section rounds, a confirmation round
+            assert max(counts) <= ceil_log(slots + 1, n - 1) + 2, n
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_asynchronous_completion(seed):
+    """Evaluations finish one at a time in random order; the planner stays consistent."""
+    rng = random.Random(seed)
+    n = rng.randint(2, 40)
+    first_bad = rng.randint(1, n - 1)
+    slots = rng.choice([1, 2, 3, 5])
+    truth = regression(n, first_bad)
+    skips = {i for i in range(1, n - 1) if rng.random() < 0.15}
+    for i in skips:
+        truth[i] = SKIP
+    done: list[list[Verdict]] = [[] for _ in range(n)]
+    running: set[int] = set()
+    for _ in range(1000):
+        step = plan(states(done, frozenset(), frozenset(running)), slots)
+        assert not running & set(step.run), "a running candidate was returned"
+        assert len(step.run) <= max(0, slots - len(running))
+        if step.outcome is not None:
+            break
+        running |= set(step.run)
+        assert running, "planner waits although nothing is running"
+        finished = rng.choice(sorted(running))
+        running.discard(finished)
+        done[finished].append(evaluate(truth[finished], len(done[finished])))
+    else:
+        raise AssertionError("search did not end")
+    outcome = step.outcome
+    assert outcome.last_old is not None and outcome.first_new is not None
+    assert outcome.last_old < first_bad <= outcome.first_new
+    assert truth[outcome.last_old] == CLEAN and truth[outcome.first_new] == LEAK
+    between = tuple(range(outcome.last_old + 1, outcome.first_new))
+    assert outcome.skipped == between
+    assert all(truth[i] == SKIP for i in between)
+    assert outcome.status == ("found" if not between else "inconclusive")
+    assert len(done[outcome.last_old]) >= 2 and len(done[outcome.first_new]) >= 2
