@@ -6,6 +6,7 @@ database, so runners can import it without the service's storage.
 """
 
 from datetime import datetime
+from typing import Any
 
 from pydantic import BaseModel, Field
 
@@ -69,6 +70,7 @@ class TrialSpec(BaseModel):
 class TrialReport(BaseModel):
     trial_id: int
     attempt: int = 1
+    runner_id: str | None = None
     env: EnvResult
     exit_code: int | None = None
     oom_killed: bool = False
@@ -82,3 +84,54 @@ class TrialReport(BaseModel):
     gpu_source: str = "unavailable"  # "process" | "device" | "unavailable"
     host_source: str = "psutil"
     error: str | None = None
+
+
+class RunnerCapabilities(BaseModel):
+    gpus: list[dict[str, Any]] = Field(default_factory=list)  # name, memory_bytes per GPU
+    gpu_driver: str | None = None
+    cuda: str | None = None
+    memory_bytes: int = 0
+    cpus: int = 1
+    pythons: list[str] = Field(default_factory=list)
+    platform: str = ""
+
+    @property
+    def gpu_count(self) -> int:
+        return len(self.gpus)
+
+
+class RunnerRegister(BaseModel):
+    name: str = Field(min_length=1, max_length=200)
+    capabilities: RunnerCapabilities = Field(default_factory=RunnerCapabilities)
+    labels: dict[str, str] = Field(default_factory=dict)
+
+
+class RunnerRegistered(BaseModel):
+    runner_id: str
+    lease_s: float
+    heartbeat_s: float
+
+
+class Lease(BaseModel):
+    """A trial handed to one runner until `lease_expires_at`, extended by heartbeats."""
+
+    trial: TrialSpec
+    lease_expires_at: datetime
+    heartbeat_s: float
+
+
+class Heartbeat(BaseModel):
+    runner_id: str
+    attempt: int
+    rss: int | None = None  # the trial's current memory, for the status page
+
+
+class HeartbeatAck(BaseModel):
+    lease_expires_at: datetime
+
+
+class LeaseReturn(BaseModel):
+    """A runner giving a trial back unfinished (shutting down); not counted as a failure."""
+
+    runner_id: str
+    attempt: int

@@ -13,11 +13,15 @@ from sqlmodel import Session, create_engine
 MIGRATIONS = Path(__file__).resolve().parents[1] / "migrations"
 
 
+def _ensure_sqlite_dir(url: str) -> None:
+    path = url.split("///", 1)[-1]
+    if url.startswith("sqlite") and path and path != ":memory:":
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+
+
 def make_engine(url: str) -> Engine:
     if url.startswith("sqlite"):
-        path = url.split("///", 1)[-1]
-        if path and path != ":memory:":
-            Path(path).parent.mkdir(parents=True, exist_ok=True)
+        _ensure_sqlite_dir(url)
         engine = create_engine(url, connect_args={"check_same_thread": False, "timeout": 30})
 
         @event.listens_for(engine, "connect")
@@ -46,6 +50,7 @@ def alembic_config(url: str) -> Config:
 
 def upgrade(url: str) -> None:
     """Bring the schema to the newest migration (idempotent)."""
+    _ensure_sqlite_dir(url)
     command.upgrade(alembic_config(url), "head")
 
 

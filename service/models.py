@@ -80,6 +80,9 @@ class Job(SQLModel, table=True):
     # Planner outcome: indices into the candidate list plus the message.
     result: dict[str, Any] | None = Field(default=None, sa_column=Column(JSON))
     machine: dict[str, Any] | None = Field(default=None, sa_column=Column(JSON))
+    # "cpu" or "gpu": part of the verdict-reuse key, since a GPU leak needs a GPU to show.
+    hardware_class: str = "cpu"
+    reuse_verdicts: bool = True
 
 
 class Candidate(SQLModel, table=True):
@@ -102,7 +105,10 @@ class Candidate(SQLModel, table=True):
     resolution: str | None = None
     resolution_note: str | None = Field(default=None, sa_column=Column(Text))
     env_seconds: float | None = None
-    reused_from: int | None = None  # trial id whose verdict was reused, if any
+    # Candidate (in an earlier job) whose verdicts were reused instead of running again.
+    reused_from: int | None = None
+    # Same script, package, version, environment, classifier and hardware class -> same verdict.
+    reuse_key: str | None = Field(default=None, index=True)
 
 
 class Trial(SQLModel, table=True):
@@ -144,3 +150,16 @@ class MemorySample(SQLModel, table=True):
     shared: int | None = Field(default=None, sa_column=Column(BigInteger))
     gpu: int | None = Field(default=None, sa_column=Column(BigInteger))
     step: int | None = None
+
+
+class Runner(SQLModel, table=True):
+    """A registered runner agent; it talks HTTP only and never sees the database."""
+
+    id: str = Field(primary_key=True)
+    name: str
+    registered_at: datetime = Field(default_factory=utcnow)
+    last_seen: datetime = Field(default_factory=utcnow, index=True)
+    capabilities: dict[str, Any] = _json({})
+    labels: dict[str, str] = _json({})
+    gpu_count: int = 0
+    active: bool = True

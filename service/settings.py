@@ -35,7 +35,8 @@ class Settings(BaseSettings):
 
     @property
     def uv_cache_dir(self) -> Path:
-        return self.cache_dir / "uv"
+        # A user's own UV_CACHE_DIR wins: sharing it makes cold builds warm.
+        return Path(os.environ.get("UV_CACHE_DIR") or self.cache_dir / "uv")
 
 
 @lru_cache

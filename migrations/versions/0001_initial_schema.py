@@ -2,7 +2,7 @@
 
 Revision ID: 0001
 Revises:
-Create Date: 2026-12-02 16:36:36.247612
+Create Date: 2026-12-02
 """
 
 from collections.abc import Sequence
@@ -52,12 +52,29 @@ def upgrade() -> None:
         sa.Column("classifier", sa.JSON(), nullable=True),
         sa.Column("result", sa.JSON(), nullable=True),
         sa.Column("machine", sa.JSON(), nullable=True),
+        sa.Column("hardware_class", sqlmodel.sql.sqltypes.AutoString(), nullable=False),
+        sa.Column("reuse_verdicts", sa.Boolean(), nullable=False),
         sa.PrimaryKeyConstraint("id"),
     )
     with op.batch_alter_table("job", schema=None) as batch_op:
         batch_op.create_index(batch_op.f("ix_job_package"), ["package"], unique=False)
         batch_op.create_index(batch_op.f("ix_job_script_sha256"), ["script_sha256"], unique=False)
         batch_op.create_index(batch_op.f("ix_job_status"), ["status"], unique=False)
+
+    op.create_table(
+        "runner",
+        sa.Column("id", sqlmodel.sql.sqltypes.AutoString(), nullable=False),
+        sa.Column("name", sqlmodel.sql.sqltypes.AutoString(), nullable=False),
+        sa.Column("registered_at", sqlmodel.sql.sqltypes.UTCDateTime(), nullable=False),
+        sa.Column("last_seen", sqlmodel.sql.sqltypes.UTCDateTime(), nullable=False),
+        sa.Column("capabilities", sa.JSON(), nullable=True),
+        sa.Column("labels", sa.JSON(), nullable=True),
+        sa.Column("gpu_count", sa.Integer(), nullable=False),
+        sa.Column("active", sa.Boolean(), nullable=False),
+        sa.PrimaryKeyConstraint("id"),
+    )
+    with op.batch_alter_table("runner", schema=None) as batch_op:
+        batch_op.create_index(batch_op.f("ix_runner_last_seen"), ["last_seen"], unique=False)
 
     op.create_table(
         "candidate",
@@ -78,6 +95,7 @@ def upgrade() -> None:
         sa.Column("resolution_note", sa.Text(), nullable=True),
         sa.Column("env_seconds", sa.Float(), nullable=True),
         sa.Column("reused_from", sa.Integer(), nullable=True),
+        sa.Column("reuse_key", sqlmodel.sql.sqltypes.AutoString(), nullable=True),
         sa.ForeignKeyConstraint(
             ["job_id"],
             ["job.id"],
@@ -86,6 +104,7 @@ def upgrade() -> None:
     )
     with op.batch_alter_table("candidate", schema=None) as batch_op:
         batch_op.create_index("ix_candidate_job_position", ["job_id", "position"], unique=True)
+        batch_op.create_index(batch_op.f("ix_candidate_reuse_key"), ["reuse_key"], unique=False)
 
     op.create_table(
         "trial",
@@ -161,9 +180,14 @@ def downgrade() -> None:
 
     op.drop_table("trial")
     with op.batch_alter_table("candidate", schema=None) as batch_op:
+        batch_op.drop_index(batch_op.f("ix_candidate_reuse_key"))
         batch_op.drop_index("ix_candidate_job_position")
 
     op.drop_table("candidate")
+    with op.batch_alter_table("runner", schema=None) as batch_op:
+        batch_op.drop_index(batch_op.f("ix_runner_last_seen"))
+
+    op.drop_table("runner")
     with op.batch_alter_table("job", schema=None) as batch_op:
         batch_op.drop_index(batch_op.f("ix_job_status"))
         batch_op.drop_index(batch_op.f("ix_job_script_sha256"))

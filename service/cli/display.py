@@ -1,0 +1,203 @@
+"""The live progress display and the final report, drawn with Rich on the terminal."""
+
+import time
+from typing import Any
+
+from rich.console import Console, Group
+from rich.live import Live
+from rich.table import Table
+from rich.text import Text
+
+from runners.wire import Sample
+from service.models import Candidate, Trial
+from service.verdicts import Verdict
+
+STYLE = {
+    "leak": ("L", "bold white on red"),
+    "clean": ("C", "bold black on green"),
+    "plateau": ("P", "bold black on cyan"),
+    "inconclusive": ("?", "bold black on yellow"),
+    "skip": ("S", "bold white on magenta"),
+    "error": ("E", "bold white on magenta"),
+}
+SPARK = "▁▂▃▄▅▆▇█"
+
+
+def cell(verdict: str | None, testable: bool, running: bool) -> Text:
+    if running:
+        return Text(" ▶ ", style="bold black on white")
+    if not testable:
+        return Text(" × ", style="dim")
+    if verdict is None:
+        return Text(" · ", style="dim")
+    symbol, style = STYLE[verdict]
+    return Text(f" {symbol} ", style=style)
+
+
+def sparkline(values: list[float], width: int = 48) -> str:
+    if not values:
+        return ""
+    step = max(1, len(values) // width)
+    points = [min(values[i : i + step]) for i in range(0, len(values), step)][:width]
+    low, high = min(points), max(points)
+    span = (high - low) or 1.0
+    return "".join(SPARK[min(7, int((v - low) / span * 7.999))] for v in points)
+
+
+class LiveDisplay:
+    """Candidates as a row of cells that fill in as verdicts arrive."""
+
+    def __init__(self, console: Console, candidates: list[Candidate], package: str) -> None:
+        self.console = console
+        self.package = package
+        self.cells = {c.id: [c.version, c.verdict, c.testable] for c in candidates}
+        self.order = [c.id for c in candidates]
+        self.started = time.monotonic()
+        self.trials = 0
+        self.current: str | None = None
+        self.current_id: int | None = None
+        self.memory: Sample | None = None
+        self.live = Live(self._render(), console=console, refresh_per_second=4, transient=True)
+
+    def __enter__(self) -> "LiveDisplay":
+        self.live.__enter__()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.live.__exit__(*exc)  # type: ignore[arg-type]
+
+    def _render(self) -> Group:
+        row = Text()
+        for cid in self.order:
+            _, verdict, testable = self.cells[cid]
+            row.append_text(cell(verdict, testable, cid == self.current_id))
+        first, last = self.cells[self.order[0]][0], self.cells[self.order[-1]][0]
+        elapsed = time.monotonic() - self.started
+        status = (
+            f"{self.package} {first} … {last}   trials: {self.trials}   elapsed: {elapsed:5.0f}s"
+        )
+        lines = [Text(status), row]
+        if self.current:
+            memory = ""
+            if self.memory is not None:
+                memory = f"   rss {self.memory.rss / 2**20:8.1f} MiB"
+                if self.memory.gpu is not None:
+                    memory += f"   gpu {self.memory.gpu / 2**20:8.1f} MiB"
+                memory += f"   t={self.memory.t:5.1f}s"
+            lines.append(Text(f"running {self.current}{memory}"))
+        return Group(*lines)
+
+    def refresh(self) -> None:
+        self.live.update(self._render())
+
+    def trial_started(self, candidate: Candidate, trial: Trial) -> None:
+        self.current = f"{candidate.version} (evaluation {trial.evaluation}, trial {trial.id})"
+        self.current_id = candidate.id
+        self.memory = None
+        self.refresh()
+
+    def sample(self, sample: Sample) -> None:
+        self.memory = sample
+
+    def trial_finished(self, candidate: Candidate, trial: Trial, verdict: Verdict) -> None:
+        self.trials += 1
+        self.cells[candidate.id][1] = candidate.verdict or verdict.value
+        self.current, self.current_id = None, None
+        reason = (trial.analysis or {}).get("reason", "")
+        self.console.print(
+            f"  {candidate.version:<14} trial {trial.id}: {verdict.value:<12} {reason}"
+        )
+        self.refresh()
+
+    def message(self, text: str) -> None:
+        self.console.print(text)
+
+
+class LineProgress:
+    """Plain lines for a stderr that is not a terminal (CI logs)."""
+
+    def __init__(self, console: Console) -> None:
+        self.console = console
+
+    def trial_started(self, candidate: Candidate, trial: Trial) -> None:
+        self.console.print(f"running {candidate.version} (trial {trial.id})")
+
+    def sample(self, sample: Sample) -> None:
+        pass
+
+    def trial_finished(self, candidate: Candidate, trial: Trial, verdict: Verdict) -> None:
+        reason = (trial.analysis or {}).get("reason", "")
+        self.console.print(f"  {candidate.version}: {verdict.value} {reason}")
+
+    def message(self, text: str) -> None:
+        self.console.print(text)
+
+
+def render_report(console: Console, report: dict[str, Any], curves: dict[int, list[float]]) -> None:
+    old_key, new_key = (
+        ("last_bad", "first_good") if report["find_fix"] else ("last_good", "first_bad")
+    )
+    status = report["status"]
+    if status == "found":
+        headline = (
+            f"[bold]{report['package']}[/]: {new_key.replace('_', ' ')} is "
+            f"[bold red]{report[new_key]}[/], "
+            f"{old_key.replace('_', ' ')} is [bold green]{report[old_key]}[/]"
+        )
+    else:
+        headline = f"[bold]{report['package']}[/]: {status.replace('_', ' ')}"
+    console.print(headline)
+    if report.get("message"):
+        console.print(report["message"])
+
+    table = Table(title="candidates", title_justify="left")
+    for name in ("version", "verdict", "trials", "growth MiB", "notes"):
+        table.add_column(name)
+    for row in report["candidates"]:
+        notes = []
+        if row["yanked"]:
+            notes.append(f"yanked: {row['yanked_reason'] or 'no reason given'}")
+        if not row["testable"]:
+            notes.append(f"untestable: {row['untestable_reason']}")
+        if row["resolution"] and row["resolution"] != "constrained":
+            notes.append(f"resolution: {row['resolution']}")
+        if row["reused"]:
+            notes.append("verdict reused")
+        growth = "" if row["growth_mib"] is None else f"{row['growth_mib']:+.1f}"
+        verdict = row["verdict"] or ("untestable" if not row["testable"] else "not tested")
+        table.add_row(row["version"], verdict, str(row["trials"]), growth, "; ".join(notes))
+    console.print(table)
+
+    for item in report["evidence"]:
+        console.print(f"[bold]evidence {item['version']}[/] ({item['verdict']})")
+        for run in item["runs"]:
+            analysis = run["analysis"] or {}
+            console.print(f"  trial {run['trial']}: {run['verdict']}: {analysis.get('reason', '')}")
+            curve = curves.get(run["trial"])
+            if curve:
+                low, high = min(curve) / 2**20, max(curve) / 2**20
+                console.print(f"  rss {sparkline(curve)}  {low:.0f}..{high:.0f} MiB")
+    if report["dependency_diff"]:
+        diff = Table(title="what else changed between the boundary pair", title_justify="left")
+        for name in ("package", old_key, new_key):
+            diff.add_column(name)
+        for row in report["dependency_diff"]:
+            diff.add_row(row["package"], row[old_key] or "-", row[new_key] or "-")
+        console.print(diff)
+    elif report["evidence"]:
+        console.print(f"no other package changed between {report[old_key]} and {report[new_key]}")
+    machine = report.get("machine") or {}
+    if machine:
+        gpu = machine.get("gpu")
+        gpu_text = (
+            f"{gpu.get('name')} x{gpu.get('count')}, "
+            f"driver {gpu.get('driver')}, CUDA {gpu.get('cuda')}"
+            if gpu
+            else "none"
+        )
+        console.print(
+            f"machine: Python {machine['python']}, {machine['os']}, {machine['cpu']} "
+            f"({machine['cpus']} CPUs), {machine['memory_bytes'] / 2**30:.1f} GiB; GPU: {gpu_text}"
+        )
+    if report.get("reproduce"):
+        console.print(f"reproduce: {report['reproduce']}", soft_wrap=True)

@@ -1,0 +1,116 @@
+"""Trials: what a runner is told to run, and how its report is stored and judged."""
+
+from sqlmodel import Session
+
+from runners.wire import EnvSpec, TrialReport, TrialSpec
+from service.analysis import ClassifierSettings, classify_run
+from service.models import Candidate, Job, MemorySample, Trial, TrialStatus, utcnow
+from service.verdicts import Verdict
+
+
+def env_spec(job: Job, candidate: Candidate) -> EnvSpec:
+    # As released: only what the index held the moment the candidate was uploaded.
+    exclude_newer = candidate.upload_time if job.as_released else None
+    return EnvSpec(
+        package=job.package,
+        version=candidate.version,
+        python=job.python,
+        requirements=list(job.requirements),
+        index_url=job.index_url,
+        extra_index_urls=list(job.extra_index_urls),
+        find_links=list(job.find_links),
+        pre=job.pre,
+        constraints=[] if job.as_released else list(job.constraints),
+        exclude_newer=exclude_newer,
+    )
+
+
+def trial_spec(job: Job, candidate: Candidate, trial: Trial) -> TrialSpec:
+    assert trial.id is not None
+    return TrialSpec(
+        trial_id=trial.id,
+        attempt=trial.attempt,
+        env=env_spec(job, candidate),
+        script=job.script,
+        script_name=job.script_name,
+        timeout_s=job.timeout_s,
+        memory_limit_bytes=job.memory_limit_bytes,
+        sample_hz=job.sample_hz,
+        requires_gpu=job.requires_gpu,
+    )
+
+
+def classifier_settings(job: Job) -> ClassifierSettings:
+    return ClassifierSettings(**job.classifier)
+
+
+def record_report(
+    session: Session, job: Job, candidate: Candidate, trial: Trial, report: TrialReport
+) -> Verdict:
+    """Store a runner's report with its samples and the classifier's verdict."""
+    trial.status = TrialStatus.DONE
+    trial.finished_at = utcnow()
+    trial.exit_code = report.exit_code
+    trial.oom_killed = report.oom_killed
+    trial.timed_out = report.timed_out
+    trial.cap_method = report.cap_method
+    trial.duration_s = report.duration_s
+    trial.env_seconds = report.env.seconds
+    trial.log_tail = report.log_tail
+    trial.gpu_source = report.gpu_source
+    trial.error = report.error
+
+    env = report.env
+    candidate.freeze = env.freeze or candidate.freeze
+    candidate.resolution = env.resolution if env.ok else candidate.resolution
+    candidate.resolution_note = env.resolution_note or env.error
+    candidate.env_seconds = env.seconds
+
+    if not env.ok:
+        # An environment that cannot be built makes the release untestable, never guilty.
+        verdict, analysis = Verdict.SKIP, {"reason": f"environment failed: {env.error}"}
+    elif report.error and report.exit_code is None:
+        verdict, analysis = Verdict.ERROR, {"reason": report.error}
+    else:
+        samples = report.samples
+        gpu = [s.gpu for s in samples] if report.gpu_source != "unavailable" else None
+        run = classify_run(
+            [s.t for s in samples],
+            [s.rss for s in samples],
+            gpu,
+            report.steps,
+            exit_code=report.exit_code,
+            oom_killed=report.oom_killed,
+            timed_out=report.timed_out,
+            settings=classifier_settings(job),
+        )
+        verdict, analysis = run.verdict, run.to_dict()
+        analysis["growth_mib"] = _headline_growth(run.to_dict())
+    trial.verdict = verdict.value
+    trial.analysis = analysis
+    session.add_all(
+        MemorySample(
+            trial_id=trial.id,
+            t=s.t,
+            rss=s.rss,
+            anon=s.anon,
+            shared=s.shared,
+            gpu=s.gpu,
+            step=s.step,
+        )
+        for s in report.samples
+    )
+    session.add(trial)
+    session.add(candidate)
+    session.commit()
+    return verdict
+
+
+def _headline_growth(run: dict) -> float | None:
+    """The larger of host and GPU floor growth: the figure a report leads with."""
+    figures = [
+        series["growth_mib"]
+        for series in (run.get("host"), run.get("gpu"))
+        if series and series.get("growth_mib") is not None
+    ]
+    return max(figures) if figures else None

@@ -1,0 +1,122 @@
+"""End to end: `bisect-cli run` on the offline fixture, real uv, real child processes."""
+
+import json
+import os
+import sqlite3
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+EXAMPLE_REPRO = Path(__file__).resolve().parents[1] / "service" / "example" / "repro.py"
+CLI = [sys.executable, "-m", "service.cli"]
+
+
+def cli(
+    args: list[str], home: Path, uv_cache: Path, timeout: float = 300
+) -> subprocess.CompletedProcess[str]:
+    env = {
+        **os.environ,
+        "XDG_DATA_HOME": str(home / "data"),
+        "XDG_CACHE_HOME": str(home / "cache"),
+        "UV_CACHE_DIR": str(uv_cache),
+    }
+    return subprocess.run(CLI + args, capture_output=True, text=True, env=env, timeout=timeout)
+
+
+@pytest.fixture(scope="module")
+def bisection(tmp_path_factory: pytest.TempPathFactory, fixture_index: str, uv_cache: Path):
+    home = tmp_path_factory.mktemp("home")
+    db = home / "results.db"
+    proc = cli(
+        [
+            "run",
+            str(EXAMPLE_REPRO),
+            "--package",
+            "leakyfixture",
+            "--range",
+            "1.0.0..1.0.9",
+            "--index-url",
+            fixture_index,
+            "--database-url",
+            f"sqlite:///{db}",
+            "--json",
+        ],
+        home,
+        uv_cache,
+    )
+    return proc, db
+
+
+def test_finds_first_leaking_release(bisection) -> None:
+    proc, _ = bisection
+    assert proc.returncode == 0, proc.stderr
+    report = json.loads(proc.stdout)
+    assert report["status"] == "found"
+    assert (report["last_good"], report["first_bad"]) == ("1.0.5", "1.0.6")
+    assert report["between"] == []
+    assert report["skipped"] == ["1.0.4"]
+    verdicts = {c["version"]: c["verdict"] for c in report["candidates"]}
+    assert verdicts == {
+        "1.0.0": "clean",
+        "1.0.1": None,
+        "1.0.2": None,
+        "1.0.3": None,
+        "1.0.4": None,
+        "1.0.5": "clean",
+        "1.0.6": "leak",
+        "1.0.7": "leak",
+        "1.0.8": None,
+        "1.0.9": "leak",
+    }
+    yanked = [c["version"] for c in report["candidates"] if c["yanked"]]
+    assert yanked == ["1.0.3"]
+    untestable = [c["version"] for c in report["candidates"] if not c["testable"]]
+    assert untestable == ["1.0.4"]
+    growth = {c["version"]: c["growth_mib"] for c in report["candidates"]}
+    assert 25 < growth["1.0.6"] < 60
+    assert abs(growth["1.0.5"]) < 8
+    assert report["dependency_diff"] == [
+        {"package": "leakyfixture", "last_good": "1.0.5", "first_bad": "1.0.6"}
+    ]
+    assert report["reproduce"].startswith("uv venv /tmp/leakbisect-repro")
+    assert "leakyfixture==1.0.6" in report["reproduce"]
+    assert report["machine"]["gpu"] is None
+
+
+def test_rows_written(bisection) -> None:
+    proc, db = bisection
+    assert proc.returncode == 0, proc.stderr
+    con = sqlite3.connect(db)
+    jobs = con.execute("select status, package, good, bad from job").fetchall()
+    assert jobs == [("found", "leakyfixture", "1.0.0", "1.0.9")]
+    visited = con.execute(
+        "select c.version, t.verdict, t.exit_code, t.oom_killed from trial t "
+        "join candidate c on c.id = t.candidate_id order by t.id"
+    ).fetchall()
+    # Bounds, binary search stepping over the untestable 1.0.4, then the boundary pair again.
+    assert visited == [
+        ("1.0.0", "clean", 0, 0),
+        ("1.0.9", "leak", 0, 0),
+        ("1.0.5", "clean", 0, 0),
+        ("1.0.7", "leak", 0, 0),
+        ("1.0.6", "leak", 0, 0),
+        ("1.0.5", "clean", 0, 0),
+        ("1.0.6", "leak", 0, 0),
+    ]
+    counts = con.execute(
+        "select t.id, count(s.id), max(s.step) from trial t "
+        "join memory_sample s on s.trial_id = t.id group by t.id"
+    ).fetchall()
+    assert len(counts) == 7
+    for _, samples, last_step in counts:
+        assert samples >= 15  # ~2 s at 10 Hz
+        assert last_step is not None and last_step >= 35
+    evaluations = dict(con.execute("select version, evaluations from candidate").fetchall())
+    assert json.loads(evaluations["1.0.6"]) == ["leak", "leak"]
+    assert json.loads(evaluations["1.0.5"]) == ["clean", "clean"]
+    freeze = json.loads(
+        con.execute("select freeze from candidate where version = '1.0.6'").fetchone()[0]
+    )
+    assert freeze == ["leakyfixture==1.0.6"]
