@@ -72,7 +72,8 @@ class JobCreate(BaseModel):
             try:
                 Requirement(value)
             except InvalidRequirement as exc:
-                raise ValueError(f"requirement {value!r} does not parse: {exc}") from exc
+                reason = str(exc).splitlines()[0]
+                raise ValueError(f"requirement {value!r} does not parse: {reason}") from exc
         return values
 
     @field_validator("memory_limit", mode="before")

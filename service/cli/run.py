@@ -169,7 +169,9 @@ def run(
                     machine=describe_machine(gpu),
                     cache_dir=settings.uv_cache_dir,
                 )
-            except (RangeError, IndexUnavailable) as exc:
+            except RangeError as exc:
+                fail(f"--range: {exc}")
+            except IndexUnavailable as exc:
                 fail(str(exc))
             candidates = candidates_of(session, job)
             if sys.stderr.isatty():

@@ -1,0 +1,98 @@
+"""Bad input to `bisect-cli run`: one line on stderr, exit 2, no traceback, nothing on stdout."""
+
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from service.cli import app
+
+REPRO = str(Path(__file__).resolve().parents[1] / "service" / "example" / "repro.py")
+
+
+@pytest.fixture
+def invoke(tmp_path: Path, fixture_index: str, monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path / "data"))
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    from service.settings import get_settings
+
+    get_settings.cache_clear()
+
+    def run(*args: str) -> tuple[int, str, str]:
+        argv = ["run", *[a.replace("{INDEX}", fixture_index) for a in args], "--json"]
+        result = CliRunner().invoke(app, argv)
+        return result.exit_code, result.stdout, result.stderr
+
+    yield run
+    get_settings.cache_clear()
+
+
+CASES = [
+    (
+        [REPRO, "--package", "nopkg", "--range", "1..2", "--index-url", "{INDEX}"],
+        "error: package 'nopkg' not found on {INDEX} (404)",
+    ),
+    (
+        [REPRO, "--package", "leakyfixture", "--range", "1.0.0..1.0.99", "--index-url", "{INDEX}"],
+        "error: --range: version 1.0.99 of leakyfixture does not exist; nearest: 1.0.8, 1.0.9",
+    ),
+    (
+        [REPRO, "--package", "leakyfixture", "--range", "1.0.6..1.0.2", "--index-url", "{INDEX}"],
+        "error: --range: range is reversed: 1.0.6 is newer than 1.0.2; write OLD..NEW",
+    ),
+    (
+        [REPRO, "--package", "leakyfixture", "--range", "1.0.2..1.0.2", "--index-url", "{INDEX}"],
+        "error: --range: range 1.0.2..1.0.2 holds only 1 release; a bisection needs at least 2",
+    ),
+    (
+        [REPRO, "--package", "leakyfixture", "--range", "1.0.0", "--index-url", "{INDEX}"],
+        "error: --range: '1.0.0' is not a range; write GOOD..BAD, e.g. 1.0.0..1.0.9",
+    ),
+    (
+        ["nope.py", "--package", "leakyfixture", "--range", "1.0.0..1.0.9"],
+        "error: SCRIPT: nope.py does not exist or is not a file",
+    ),
+    (
+        [
+            REPRO,
+            "--package",
+            "leakyfixture",
+            "--range",
+            "1.0.0..1.0.9",
+            "--index-url",
+            "http://127.0.0.1:9/simple",
+        ],
+        "error: cannot reach index http://127.0.0.1:9/simple: connection refused",
+    ),
+    (
+        [REPRO, "--package", "leakyfixture", "--range", "1.0.0..1.0.9", "--python", "3.99"],
+        "error: --python: python 3.99 is not available: No interpreter found for Python 3.99 "
+        "in virtual environments, managed installations, or search path",
+    ),
+    (
+        [REPRO, "--package", "leakyfixture", "--range", "1.0.0..1.0.9", "--memory-limit", "12X"],
+        "error: --memory-limit: '12X' is not a positive size such as 4G, 512MiB, 1.5GB "
+        "or a byte count",
+    ),
+    (
+        [REPRO, "--package", "leakyfixture", "--range", "1.0.0..1.0.9", "--with", "foo>="],
+        "error: --with/-r: requirement 'foo>=' does not parse: Expected semicolon "
+        "(after name with no version specifier) or end",
+    ),
+    (
+        [REPRO, "--range", "1.0.0..1.0.9"],
+        "error: --package: missing; name the package whose releases to bisect",
+    ),
+    (
+        [REPRO, "--package", "leakyfixture", "--range", "1.0.0..1.0.9", "-r", "missing.txt"],
+        "error: -r: cannot read missing.txt: No such file or directory",
+    ),
+]
+
+
+@pytest.mark.parametrize(("args", "message"), CASES)
+def test_bad_input_is_one_line_and_exit_2(invoke, fixture_index: str, args, message) -> None:
+    code, stdout, stderr = invoke(*args)
+    assert code == 2
+    assert stdout == ""
+    assert stderr == message.replace("{INDEX}", fixture_index) + "\n"
