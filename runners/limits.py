@@ -1,0 +1,505 @@
+"""A hard memory cap for one trial's process tree.
+
+Every trial runs under a cap so that a leaking release never takes the runner
+(or the machine) down. Three mechanisms, tried in this order by
+`MemoryCap.create`:
+
+``cgroup-v2``
+    A child cgroup of the runner's own cgroup in the unified hierarchy with
+    ``memory.max`` = limit, ``memory.swap.max`` = 0 (swap cannot dodge the cap)
+    and ``memory.oom.group`` = 1 (an OOM kill takes the whole trial, not one
+    worker). Needs the memory controller in the runner's cgroup
+    ``cgroup.controllers``; if it is not yet in ``cgroup.subtree_control`` we
+    try to enable it, which the kernel refuses (EBUSY) when the runner's cgroup
+    itself holds processes and is not the root of its namespace; then we fall
+    back. OOM kills are counted by ``memory.events`` ``oom_kill``.
+``cgroup-v1``
+    A child of the runner's own *memory* cgroup (``/proc/self/cgroup`` line
+    ``N:memory:/path``, mount found in ``/proc/self/mountinfo``) with
+    ``memory.limit_in_bytes`` and, when the kernel accounts swap,
+    ``memory.memsw.limit_in_bytes`` at the same value. OOM kills are counted by
+    ``memory.oom_control`` ``oom_kill`` (kernel >= 4.13); on older kernels we
+    fall back to ``memory.failcnt`` > 0 together with a SIGKILL exit.
+    Unlike v2 the kernel kills only the largest task, not the whole tree.
+``watchdog``
+    No kernel help: the sampler compares the tree's RSS against the limit at
+    every sample and SIGKILLs the whole process group, then calls `trip()`.
+    A leak faster than (limit headroom x sample rate) can overshoot briefly.
+
+The child joins the cgroup in `preexec()` (run by ``Popen(preexec_fn=...)``
+between fork and exec), so it is capped before it allocates anything.
+
+All paths are discovered from ``<root>/proc/self/cgroup`` and
+``<root>/proc/self/mountinfo`` and resolved under ``<root>``; tests pass a
+temporary directory as ``root`` holding a fake cgroupfs (and patch `_mkdir` /
+`_rmdir`, which stand for the kernel's behaviour on cgroupfs).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import itertools
+import os
+import re
+import signal
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+import psutil
+
+CapMethod = Literal["cgroup-v1", "cgroup-v2", "watchdog"]
+METHODS: tuple[CapMethod, ...] = ("cgroup-v2", "cgroup-v1", "watchdog")
+
+# Fraction of the machine's available memory used when a job sets no cap.
+DEFAULT_CAP_FRACTION = 0.8
+
+_counter = itertools.count(1)
+
+
+class CapError(RuntimeError):
+    """A requested cap method cannot be set up here."""
+
+
+# Indirections for the two operations whose cgroupfs semantics differ from a
+# plain filesystem (mkdir populates control files, rmdir removes a directory
+# full of them). Tests replace these to emulate the kernel on a temp tree.
+def _mkdir(path: Path) -> None:
+    os.mkdir(path)
+
+
+def _rmdir(path: Path) -> None:
+    os.rmdir(path)
+
+
+# --------------------------------------------------------------------------- discovery
+
+
+@dataclass(frozen=True)
+class Mount:
+    mount_root: str  # the path inside the hierarchy that is mounted (field 4)
+    mount_point: str  # where it is mounted (field 5)
+    fstype: str
+    super_options: tuple[str, ...]
+
+
+def parse_mountinfo(text: str) -> list[Mount]:
+    mounts = []
+    for line in text.splitlines():
+        left, sep, right = line.partition(" - ")
+        if not sep:
+            continue
+        fields = left.split()
+        rfields = right.split()
+        if len(fields) < 5 or len(rfields) < 3:
+            continue
+        mounts.append(
+            Mount(
+                mount_root=_unescape(fields[3]),
+                mount_point=_unescape(fields[4]),
+                fstype=rfields[0],
+                super_options=tuple(rfields[2].split(",")),
+            )
+        )
+    return mounts
+
+
+def _unescape(s: str) -> str:
+    # mountinfo escapes space, tab, newline and backslash as \ooo
+    return re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), s)
+
+
+def parse_proc_cgroup(text: str) -> dict[str, str]:
+    """Map controller name -> cgroup path; the unified (v2) entry is keyed ``""``."""
+    out: dict[str, str] = {}
+    for line in text.splitlines():
+        parts = line.split(":", 2)
+        if len(parts) != 3:
+            continue
+        _, controllers, path = parts
+        if controllers == "":
+            out[""] = path
+        else:
+            for c in controllers.split(","):
+                out[c] = path
+    return out
+
+
+def _resolve(root: Path, mount: Mount, cg_path: str) -> Path:
+    rel = cg_path
+    mr = mount.mount_root.rstrip("/")
+    if mr and (rel == mr or rel.startswith(mr + "/")):
+        rel = rel[len(mr) :]
+    return root / mount.mount_point.lstrip("/") / rel.lstrip("/")
+
+
+@dataclass(frozen=True)
+class CgroupLayout:
+    """The runner's own cgroup directories, where they exist."""
+
+    v2: Path | None  # own cgroup in the unified hierarchy
+    v1_memory: Path | None  # own cgroup in the v1 memory hierarchy
+
+
+def discover(root: Path = Path("/")) -> CgroupLayout:
+    try:
+        cg = parse_proc_cgroup((root / "proc/self/cgroup").read_text())
+        mounts = parse_mountinfo((root / "proc/self/mountinfo").read_text())
+    except OSError:
+        return CgroupLayout(None, None)
+    v2 = v1 = None
+    if "" in cg:
+        for m in mounts:
+            if m.fstype == "cgroup2":
+                p = _resolve(root, m, cg[""])
+                if p.is_dir():
+                    v2 = p
+                    break
+    if "memory" in cg:
+        for m in mounts:
+            if m.fstype == "cgroup" and "memory" in m.super_options:
+                p = _resolve(root, m, cg["memory"])
+                if p.is_dir():
+                    v1 = p
+                    break
+    return CgroupLayout(v2=v2, v1_memory=v1)
+
+
+def default_limit_bytes(root: Path = Path("/")) -> int:
+    """80% of the memory available to the runner.
+
+    That is the machine's available memory (``psutil.virtual_memory().available``),
+    lowered to the head-room left under the runner's own cgroup limit when it
+    has one (a runner in a container sees the host's /proc/meminfo).
+    """
+    avail = psutil.virtual_memory().available
+    layout = discover(root)
+    pairs = []
+    if layout.v2 is not None:
+        pairs.append((layout.v2 / "memory.max", layout.v2 / "memory.current"))
+    if layout.v1_memory is not None:
+        d = layout.v1_memory
+        pairs.append((d / "memory.limit_in_bytes", d / "memory.usage_in_bytes"))
+    for limit_f, usage_f in pairs:
+        limit = _read_int(limit_f)
+        usage = _read_int(usage_f)
+        if limit is not None and usage is not None and limit < (1 << 60):
+            avail = min(avail, max(limit - usage, 0))
+    return int(avail * DEFAULT_CAP_FRACTION)
+
+
+# --------------------------------------------------------------------------- helpers
+
+
+def _read_int(path: Path) -> int | None:
+    try:
+        s = path.read_text().strip()
+    except OSError:
+        return None
+    if s == "max":
+        return None
+    try:
+        return int(s)
+    except ValueError:
+        return None
+
+
+def _read_keyed(path: Path) -> dict[str, int]:
+    out: dict[str, int] = {}
+    try:
+        text = path.read_text()
+    except OSError:
+        return out
+    for line in text.splitlines():
+        parts = line.split()
+        if len(parts) == 2:
+            with contextlib.suppress(ValueError):
+                out[parts[0]] = int(parts[1])
+    return out
+
+
+def _write(path: Path, value: str) -> None:
+    fd = os.open(path, os.O_WRONLY | os.O_TRUNC)  # O_TRUNC: as `echo >` does
+    try:
+        os.write(fd, value.encode())
+    finally:
+        os.close(fd)
+
+
+def _safe_name(name: str) -> str:
+    s = re.sub(r"[^A-Za-z0-9_.-]+", "-", name).strip("-.") or "trial"
+    return s[:60]
+
+
+# --------------------------------------------------------------------------- the cap
+
+
+class MemoryCap:
+    """A hard memory cap for one child process tree; use as a context manager.
+
+    ``with MemoryCap.create(limit, "trial-7") as cap:
+        Popen(..., preexec_fn=cap.preexec, start_new_session=True)``
+    """
+
+    def __init__(self, method: CapMethod, limit_bytes: int, path: Path | None = None):
+        self.method: CapMethod = method
+        self.limit_bytes = int(limit_bytes)
+        self.path = path  # the trial's cgroup directory (None for the watchdog)
+        self.notes: list[str] = []
+        self._tripped = False
+        self._closed = False
+        self._procs_file: bytes | None = (
+            os.fsencode(path / "cgroup.procs") if path is not None else None
+        )
+
+    # -- construction
+
+    @classmethod
+    def create(
+        cls,
+        limit_bytes: int,
+        name: str,
+        *,
+        method: CapMethod | None = None,
+        root: Path = Path("/"),
+    ) -> MemoryCap:
+        """The best cap available here: cgroup v2, else cgroup v1, else the watchdog.
+
+        ``method`` forces one (tests use ``"watchdog"``); a forced cgroup method
+        that cannot be set up raises `CapError`.
+        """
+        if limit_bytes <= 0:
+            raise ValueError("limit_bytes must be positive")
+        if method is not None and method not in METHODS:
+            raise ValueError(f"unknown cap method {method!r}")
+        layout = discover(root)
+        cg_name = f"leakbisect-{_safe_name(name)}-{os.getpid()}-{next(_counter)}"
+        notes: list[str] = []
+        if method in (None, "cgroup-v2"):
+            try:
+                if layout.v2 is None:
+                    raise CapError("no unified cgroup hierarchy")
+                cap = cls._create_v2(layout.v2, cg_name, limit_bytes)
+                cap.notes[:0] = notes
+                return cap
+            except (CapError, OSError) as e:
+                notes.append(f"cgroup-v2 unavailable: {e}")
+                if method == "cgroup-v2":
+                    raise CapError(notes[-1]) from e
+        if method in (None, "cgroup-v1"):
+            try:
+                if layout.v1_memory is None:
+                    raise CapError("no v1 memory cgroup")
+                cap = cls._create_v1(layout.v1_memory, cg_name, limit_bytes)
+                cap.notes[:0] = notes
+                return cap
+            except (CapError, OSError) as e:
+                notes.append(f"cgroup-v1 unavailable: {e}")
+                if method == "cgroup-v1":
+                    raise CapError(notes[-1]) from e
+        cap = cls("watchdog", limit_bytes)
+        cap.notes = notes
+        return cap
+
+    @classmethod
+    def _create_v2(cls, parent: Path, cg_name: str, limit: int) -> MemoryCap:
+        controllers = (parent / "cgroup.controllers").read_text().split()
+        if "memory" not in controllers:
+            raise CapError(f"memory controller not delegated to {parent}")
+        subtree = (parent / "cgroup.subtree_control").read_text().split()
+        if "memory" not in subtree:
+            try:
+                _write(parent / "cgroup.subtree_control", "+memory")
+            except OSError as e:
+                raise CapError(
+                    f"cannot enable memory in {parent}/cgroup.subtree_control: {e}"
+                ) from e
+        path = parent / cg_name
+        _mkdir(path)
+        try:
+            if not (path / "memory.max").exists():
+                raise CapError(f"{path} has no memory.max")
+            _write(path / "memory.max", str(limit))
+            cap = cls("cgroup-v2", limit, path)
+            if (path / "memory.swap.max").exists():
+                try:
+                    _write(path / "memory.swap.max", "0")
+                except OSError as e:
+                    cap.notes.append(f"memory.swap.max not set: {e}")
+            if (path / "memory.oom.group").exists():
+                with contextlib.suppress(OSError):
+                    _write(path / "memory.oom.group", "1")
+            return cap
+        except BaseException:
+            with contextlib.suppress(OSError):
+                _rmdir(path)
+            raise
+
+    @classmethod
+    def _create_v1(cls, parent: Path, cg_name: str, limit: int) -> MemoryCap:
+        path = parent / cg_name
+        _mkdir(path)
+        try:
+            if not (path / "memory.limit_in_bytes").exists():
+                raise CapError(f"{path} has no memory.limit_in_bytes")
+            _write(path / "memory.limit_in_bytes", str(limit))
+            cap = cls("cgroup-v1", limit, path)
+            memsw = path / "memory.memsw.limit_in_bytes"
+            if memsw.exists():
+                # Must come after limit_in_bytes (memsw >= limit is enforced).
+                try:
+                    _write(memsw, str(limit))
+                except OSError as e:
+                    cap.notes.append(f"memory.memsw.limit_in_bytes not set: {e}")
+            else:
+                # No swap accounting: at least tell reclaim not to prefer swap.
+                with contextlib.suppress(OSError):
+                    _write(path / "memory.swappiness", "0")
+                cap.notes.append("no swap accounting (memsw): swap is not capped")
+            with contextlib.suppress(OSError):
+                _write(path / "memory.oom_control", "0")  # make sure the OOM killer is on
+            return cap
+        except BaseException:
+            with contextlib.suppress(OSError):
+                _rmdir(path)
+            raise
+
+    # -- joining
+
+    def preexec(self) -> None:
+        """Move the calling process into the cap; for ``Popen(preexec_fn=...)``.
+
+        Runs between fork and exec, so it only uses raw syscalls on a path
+        encoded in advance. A failure raises, and Popen raises in the parent:
+        a trial never runs uncapped by accident.
+        """
+        if self._procs_file is None:
+            return
+        fd = os.open(self._procs_file, os.O_WRONLY | os.O_TRUNC)
+        try:
+            os.write(fd, str(os.getpid()).encode())
+        finally:
+            os.close(fd)
+
+    def add_pid(self, pid: int) -> None:
+        """Move an existing process (and, in v2/v1 cgroup.procs, its threads) into the cap."""
+        if self.path is not None:
+            _write(self.path / "cgroup.procs", str(pid))
+
+    def pids(self) -> list[int]:
+        """Processes currently in the cgroup (empty for the watchdog)."""
+        if self.path is None:
+            return []
+        try:
+            text = (self.path / "cgroup.procs").read_text()
+        except OSError:
+            return []
+        return [int(x) for x in text.split() if x.strip().isdigit()]
+
+    # -- reading
+
+    def oom_killed(self, exit_code: int | None = None) -> bool:
+        """Whether the cap killed something.
+
+        v2: ``memory.events`` ``oom_kill`` > 0. v1: ``memory.oom_control``
+        ``oom_kill`` > 0; on kernels without that counter, ``memory.failcnt`` > 0
+        and the root exited by SIGKILL (``exit_code == -9``). Watchdog: `trip()`
+        was called.
+        """
+        if self.method == "watchdog":
+            return self._tripped
+        if self.path is None:
+            return False
+        if self.method == "cgroup-v2":
+            return _read_keyed(self.path / "memory.events").get("oom_kill", 0) > 0
+        ctl = _read_keyed(self.path / "memory.oom_control")
+        if "oom_kill" in ctl:
+            return ctl["oom_kill"] > 0
+        failcnt = _read_int(self.path / "memory.failcnt") or 0
+        return failcnt > 0 and exit_code == -signal.SIGKILL
+
+    def oom_kill_count(self) -> int | None:
+        if self.method == "watchdog":
+            return int(self._tripped)
+        if self.path is None:
+            return None
+        if self.method == "cgroup-v2":
+            return _read_keyed(self.path / "memory.events").get("oom_kill")
+        return _read_keyed(self.path / "memory.oom_control").get("oom_kill")
+
+    def usage_bytes(self) -> int | None:
+        """The cgroup's charged memory now (includes page cache); None for the watchdog."""
+        if self.path is None:
+            return None
+        f = "memory.current" if self.method == "cgroup-v2" else "memory.usage_in_bytes"
+        return _read_int(self.path / f)
+
+    def peak_bytes(self) -> int | None:
+        if self.path is None:
+            return None
+        f = "memory.peak" if self.method == "cgroup-v2" else "memory.max_usage_in_bytes"
+        return _read_int(self.path / f)
+
+    # -- watchdog
+
+    def trip(self) -> None:
+        """Record that the watchdog killed the tree for exceeding the limit."""
+        self._tripped = True
+
+    # -- teardown
+
+    def kill_all(self, timeout_s: float = 5.0) -> bool:
+        """SIGKILL every process in the cgroup and wait until it is empty."""
+        if self.path is None:
+            return True
+        deadline = time.monotonic() + timeout_s
+        kill_file = self.path / "cgroup.kill"
+        while True:
+            pids = self.pids()
+            if not pids:
+                return True
+            if self.method == "cgroup-v2" and kill_file.exists():
+                with contextlib.suppress(OSError):
+                    _write(kill_file, "1")
+            for pid in pids:
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.kill(pid, signal.SIGKILL)
+            if time.monotonic() > deadline:
+                return False
+            time.sleep(0.01)
+
+    def close(self) -> None:
+        """Kill leftover tasks, move any unkillable ones to the parent, remove the cgroup."""
+        if self._closed:
+            return
+        self._closed = True
+        if self.path is None:
+            return
+        if not self.kill_all():
+            parent_procs = self.path.parent / "cgroup.procs"
+            for pid in self.pids():
+                with contextlib.suppress(OSError):
+                    _write(parent_procs, str(pid))
+        for attempt in range(50):
+            try:
+                _rmdir(self.path)
+                return
+            except FileNotFoundError:
+                return
+            except OSError as e:
+                # EBUSY while the last tasks finish exiting
+                if e.errno not in (errno.EBUSY, errno.ENOTEMPTY) or attempt == 49:
+                    self.notes.append(f"could not remove {self.path}: {e}")
+                    return
+                time.sleep(0.02)
+
+    def __enter__(self) -> MemoryCap:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"MemoryCap({self.method!r}, limit={self.limit_bytes}, path={self.path})"

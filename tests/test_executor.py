@@ -1,0 +1,312 @@
+"""run_script with real child processes, real sampling and the real memory cap of this machine."""
+
+import os
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import psutil
+
+from runners import limits
+from runners.executor import run_script
+from runners.markers import STEP_MARKER, parse_marker
+
+MiB = 2**20
+PY = sys.executable
+
+
+def write(tmp_path: Path, code: str, name: str = "repro.py") -> Path:
+    p = tmp_path / name
+    p.write_text(textwrap.dedent(code))
+    return p
+
+
+def gone(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
+
+
+def expected_cgroup_method() -> str | None:
+    layout = limits.discover()
+    if layout.v2 is not None:
+        try:
+            if "memory" in (layout.v2 / "cgroup.controllers").read_text().split():
+                return None  # v2 may or may not be usable (EBUSY): do not pin it
+        except OSError:
+            pass
+    if layout.v1_memory is not None and os.access(layout.v1_memory, os.W_OK):
+        return "cgroup-v1"
+    return "watchdog"
+
+
+def test_growing_script_sampled_with_numbered_steps(tmp_path):
+    script = write(
+        tmp_path,
+        """
+        import time
+        from runners.markers import step
+        keep = []
+        print("starting")
+        for i in range(10):
+            step(i + 1)
+            keep.append(b"x" * (20 * 2**20))
+            print("did step", i + 1)
+            time.sleep(0.08)
+        time.sleep(0.3)
+        print("done", flush=True)
+        import os
+        os._exit(0)  # no interpreter teardown freeing `keep` while the last samples are taken
+        """,
+    )
+    seen = []
+    env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[1]))
+    ex = run_script(
+        PY,
+        script,
+        cwd=tmp_path,
+        timeout_s=30,
+        memory_limit_bytes=1024 * MiB,
+        env=env,
+        on_sample=seen.append,
+    )
+    assert ex.exit_code == 0, ex.log_tail
+    assert not ex.oom_killed and not ex.timed_out
+    assert [s for _, s in ex.steps] == list(range(1, 11))
+    assert all(b[0] > a[0] for a, b in zip(ex.steps, ex.steps[1:], strict=False))
+    assert STEP_MARKER not in ex.log_tail
+    assert "did step 10" in ex.log_tail and "starting" in ex.log_tail
+    rss = [s.rss for s in ex.samples]
+    assert len(rss) >= 8
+    assert max(rss[-3:]) >= rss[0] + 150 * MiB
+    after_last_step = [s.rss for s in ex.samples if s.step == 10][:-1]
+    assert after_last_step and min(after_last_step) >= rss[0] + 150 * MiB
+    # Samples carry the step seen at that instant; they rise with the steps.
+    stepped = [s.step for s in ex.samples if s.step is not None]
+    assert stepped == sorted(stepped) and stepped[-1] == 10
+    assert seen and seen[-1].rss == ex.samples[-1].rss
+    assert ex.gpu_source == "unavailable" and ex.host_source == "psutil"
+    assert ex.duration_s >= 0.8
+
+
+def test_unnumbered_markers_are_counted(tmp_path):
+    script = write(
+        tmp_path,
+        f"""
+        print({STEP_MARKER!r}, flush=True)
+        print({STEP_MARKER!r} + " not-a-number", flush=True)
+        print("text")
+        print({STEP_MARKER!r} + " 10", flush=True)
+        print({STEP_MARKER!r}, flush=True)
+        print("  " + {STEP_MARKER!r})  # not at the start of the line: ordinary output
+        """,
+    )
+    ex = run_script(PY, script, cwd=tmp_path, timeout_s=30, memory_limit_bytes=512 * MiB)
+    assert [s for _, s in ex.steps] == [1, 2, 10, 11]
+    assert ex.log_tail.splitlines() == ["text", "  " + STEP_MARKER]
+
+
+def test_parse_marker():
+    assert parse_marker("::leakbisect-step:: 7\n") == (True, 7)
+    assert parse_marker("::leakbisect-step::\n") == (True, None)
+    assert parse_marker("step 7") == (False, None)
+
+
+def test_exit_125_passed_through(tmp_path):
+    script = write(tmp_path, "import sys; print('cannot test'); sys.exit(125)")
+    ex = run_script(PY, script, cwd=tmp_path, timeout_s=30, memory_limit_bytes=512 * MiB)
+    assert ex.exit_code == 125
+    assert not ex.oom_killed and not ex.timed_out
+
+
+def test_crash_keeps_stderr_tail(tmp_path):
+    script = write(
+        tmp_path,
+        """
+        import sys
+        for i in range(400):
+            print("chatty line %04d ........................" % i)
+        sys.stdout.flush()
+        def f():
+            raise ValueError("boom in the repro")
+        f()
+        """,
+    )
+    ex = run_script(PY, script, cwd=tmp_path, timeout_s=30, memory_limit_bytes=512 * MiB)
+    assert ex.exit_code == 1
+    assert ex.oom_killed is False
+    assert "ValueError: boom in the repro" in ex.stderr_tail
+    assert "ValueError: boom in the repro" in ex.log_tail
+    assert "Traceback" in ex.log_tail
+    assert len(ex.log_tail) <= 4200
+
+
+def test_exit_3_with_traceback(tmp_path):
+    script = write(
+        tmp_path,
+        """
+        import sys, traceback
+        try:
+            {}["missing"]
+        except KeyError:
+            traceback.print_exc()
+            sys.exit(3)
+        """,
+    )
+    ex = run_script(PY, script, cwd=tmp_path, timeout_s=30, memory_limit_bytes=512 * MiB)
+    assert (ex.exit_code, ex.oom_killed, ex.timed_out) == (3, False, False)
+    assert "KeyError: 'missing'" in ex.stderr_tail
+    assert "KeyError: 'missing'" in ex.log_tail
+
+
+def test_timeout_kills_the_whole_tree(tmp_path):
+    pids = tmp_path / "pids"
+    script = write(
+        tmp_path,
+        f"""
+        import os, subprocess, sys, time
+        g = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+        open({str(pids)!r}, "w").write("%d %d" % (os.getpid(), g.pid))
+        time.sleep(120)
+        """,
+    )
+    t = time.monotonic()
+    ex = run_script(PY, script, cwd=tmp_path, timeout_s=1.5, memory_limit_bytes=512 * MiB)
+    assert time.monotonic() - t < 10
+    assert ex.timed_out is True
+    assert ex.exit_code == -9
+    assert ex.oom_killed is False
+    child, grandchild = map(int, pids.read_text().split())
+    assert gone(child) and gone(grandchild)
+    assert 1.4 <= ex.duration_s < 5
+
+
+LEAK = """
+import time
+keep = []
+while True:
+    keep.append(b"x" * (8 * 2**20))
+    time.sleep(0.01)
+"""
+
+
+def _machine_is_fine(tmp_path):
+    assert psutil.virtual_memory().available > 2 * 2**30
+    ok = run_script(
+        PY,
+        write(tmp_path, "print('ok')", "ok.py"),
+        cwd=tmp_path,
+        timeout_s=30,
+        memory_limit_bytes=256 * MiB,
+    )
+    assert ok.exit_code == 0 and ok.log_tail == "ok\n"
+
+
+def test_runaway_leak_killed_by_the_cap(tmp_path):
+    expected = expected_cgroup_method()
+    ex = run_script(
+        PY, write(tmp_path, LEAK), cwd=tmp_path, timeout_s=30, memory_limit_bytes=150 * MiB
+    )
+    if expected is not None:
+        assert ex.cap_method == expected  # "cgroup-v1" on the development machine
+    assert ex.oom_killed is True
+    assert ex.exit_code == -9
+    assert ex.timed_out is False
+    assert ex.samples and max(s.rss for s in ex.samples) <= 150 * MiB + 16 * MiB
+    if ex.cap_method.startswith("cgroup"):
+        assert ex.oom_kill_count >= 1
+        assert ex.cgroup_peak_bytes <= 150 * MiB + MiB
+    # The trial's cgroup is gone.
+    layout = limits.discover()
+    for d in (layout.v1_memory, layout.v2):
+        if d is not None:
+            assert not [
+                p for p in d.iterdir() if p.name.startswith(f"leakbisect-repro-{os.getpid()}-")
+            ]
+    _machine_is_fine(tmp_path)
+
+
+def test_runaway_leak_killed_by_the_watchdog(tmp_path):
+    ex = run_script(
+        PY,
+        write(tmp_path, LEAK),
+        cwd=tmp_path,
+        timeout_s=30,
+        memory_limit_bytes=150 * MiB,
+        cap_method="watchdog",
+    )
+    assert ex.cap_method == "watchdog"
+    assert ex.oom_killed is True
+    assert ex.exit_code == -9
+    assert ex.timed_out is False
+    assert 150 * MiB < ex.peak_rss < 600 * MiB  # overshoot: one sample period of leaking
+    _machine_is_fine(tmp_path)
+
+
+def test_four_process_tree_summed(tmp_path):
+    script = write(
+        tmp_path,
+        """
+        import multiprocessing as mp, time
+
+        def hold(n):
+            b = b"x" * (40 * 2**20)
+            time.sleep(1.5)
+
+        if __name__ == "__main__":
+            ps = [mp.get_context("fork").Process(target=hold, args=(i,)) for i in range(3)]
+            for p in ps:
+                p.start()
+            b = b"x" * (40 * 2**20)
+            time.sleep(1.5)
+            for p in ps:
+                p.join()
+        """,
+    )
+    ex = run_script(
+        PY, script, cwd=tmp_path, timeout_s=30, memory_limit_bytes=1024 * MiB, sample_hz=20
+    )
+    assert ex.exit_code == 0, ex.log_tail
+    peak = max(s.rss for s in ex.samples)
+    # 4 x 40 MiB of private data, plus the interpreters (forked: partly shared pages
+    # are counted in every process's RSS, as RSS does).
+    assert peak >= 4 * 40 * MiB
+    assert peak < 4 * 40 * MiB + 4 * 60 * MiB
+
+
+def test_default_cap_when_none(tmp_path):
+    ex = run_script(
+        PY, write(tmp_path, "pass"), cwd=tmp_path, timeout_s=30, memory_limit_bytes=None
+    )
+    assert ex.exit_code == 0
+    avail = psutil.virtual_memory().available
+    assert 0.5 * 0.8 * avail < ex.memory_limit_bytes <= 0.8 * avail * 1.05
+    assert ex.cap_method in ("cgroup-v1", "cgroup-v2", "watchdog")
+
+
+def test_grandchild_left_behind_is_killed(tmp_path):
+    pids = tmp_path / "pids"
+    script = write(
+        tmp_path,
+        f"""
+        import subprocess, sys
+        g = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"],
+                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        open({str(pids)!r}, "w").write(str(g.pid))
+        """,
+    )
+    ex = run_script(PY, script, cwd=tmp_path, timeout_s=30, memory_limit_bytes=512 * MiB)
+    assert ex.exit_code == 0
+    assert gone(int(pids.read_text()))
+
+
+def test_env_is_complete_environment(tmp_path):
+    script = write(
+        tmp_path, "import os; print(os.environ.get('ONLY'), os.environ.get('PYTHONUNBUFFERED'))"
+    )
+    ex = run_script(
+        PY, script, cwd=tmp_path, timeout_s=30, memory_limit_bytes=256 * MiB, env={"ONLY": "yes"}
+    )
+    assert ex.log_tail == "yes 1\n"
