@@ -170,18 +170,15 @@ def test_gpu_via_fake_nvml():
         p.wait()
 
 
-def test_sampler_cpu_overhead_is_small():
-    """CPU seconds per second of sampling at 10 Hz, one process (see runners.sampler bench)."""
+def test_sampler_keeps_its_rate():
+    """About hz samples per second; the CPU cost is measured by the benchmarks, not here."""
     p = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(10)"])
     try:
         s = Sampler(p.pid, hz=10)
-        c0 = time.process_time()
         s.start()
         time.sleep(2.0)
         s.stop()
-        used = time.process_time() - c0
     finally:
         p.kill()
         p.wait()
     assert 12 <= len(s.samples) <= 22
-    assert used / 2.0 < 0.05  # measured ~0.002 here; generous for loaded CI machines
