@@ -1,0 +1,251 @@
+"""The trial queue: every SQL statement that touches a lease lives here.
+
+Lease rules
+-----------
+- A trial is `queued`, `leased`, `done` or `cancelled`. Only `queued` trials of an open job
+  (status `queued` or `running`) are claimable; a job with `requires_gpu` only by a runner with
+  `gpu_count > 0`. The oldest trial (lowest id) goes first.
+- A claim sets `status=leased`, `runner_id`, `attempt += 1`, `started_at=now` and
+  `lease_expires_at = now + lease_s`. The pair (runner_id, attempt) names the lease.
+- Heartbeat, finish and give-back must name the current lease of a `leased` trial; anything else
+  raises `StaleLease` (the API answers 409 and the runner kills its trial). A trial id that does
+  not exist raises `LookupError`.
+- A heartbeat moves the deadline to `now + lease_s`.
+- Giving a lease back (runner shutdown) or a runner leaving requeues its trials with
+  `attempt -= 1`: an orderly return is not a failed attempt.
+- The reaper takes leased trials whose deadline passed: below `max_attempts` they are queued
+  again (runner and lease cleared; the next claim is the next attempt); at `max_attempts` every
+  attempt has expired, so the trial is finished: `done`, verdict `error`, with the reason.
+
+Concurrency
+-----------
+Every change is one conditional UPDATE whose WHERE restates the rule (e.g. "still leased to this
+runner and attempt"), so there is no read-then-write window on either backend; a rowcount of 0
+means the rule did not hold, and only then do we read the row to say why.
+
+Postgres: a claim is `UPDATE trial SET ... WHERE id = (SELECT trial.id ... ORDER BY id LIMIT 1
+FOR UPDATE OF trial SKIP LOCKED) RETURNING id`. Concurrent claimers skip rows another transaction
+holds instead of waiting for it, so they never block each other and never get the same row (a row
+committed as leased meanwhile fails the re-checked WHERE). `OF trial` keeps the job row unlocked.
+
+SQLite: the same statement; SQLAlchemy drops FOR UPDATE there. We rely on SQLite's single
+writer instead of BEGIN IMMEDIATE or a process lock: a writing statement takes the database write
+lock before it reads (and WAL refuses a writer whose snapshot is stale, retrying while the
+transaction has not started), so the claim's SELECT and UPDATE run as one serialized step and
+other claimers wait on the busy timeout (30 s, `service.db.make_engine`). That holds across
+threads and processes alike, and needs no change to how the driver begins transactions
+(BEGIN IMMEDIATE would need `isolation_level=None` on the engine).
+
+Each function commits, so each is one transaction - except `finish`, which leaves the transaction
+open holding the trial's row lock (Postgres) or the write lock (SQLite) so the caller records the
+report under the lease it checked and then commits.
+"""
+
+from datetime import datetime, timedelta
+from typing import Any
+
+from sqlalchemy import false, func, update
+from sqlmodel import Session, col, select
+
+from service.models import Job, JobStatus, Runner, Trial, TrialStatus, utcnow
+from service.verdicts import Verdict
+
+OPEN_JOBS = (JobStatus.QUEUED, JobStatus.RUNNING)
+
+# Back in the queue with no trace of the lease; the attempt count is the caller's choice.
+_REQUEUE: dict[str, Any] = {
+    "status": TrialStatus.QUEUED,
+    "runner_id": None,
+    "lease_expires_at": None,
+    "started_at": None,
+}
+
+
+class StaleLease(Exception):
+    """The runner's lease on a trial is no longer current (HTTP 409)."""
+
+
+def _update(*where: Any, **values: Any) -> Any:
+    # Core-style UPDATE: we reload what we return, so skip the ORM's in-session sync.
+    return update(Trial).where(*where).values(**values).execution_options(synchronize_session=False)
+
+
+def _holds(trial_id: int, runner_id: str, attempt: int) -> tuple[Any, ...]:
+    return (
+        Trial.id == trial_id,
+        Trial.status == TrialStatus.LEASED,
+        Trial.runner_id == runner_id,
+        Trial.attempt == attempt,
+    )
+
+
+def _load(session: Session, trial_id: int) -> Trial:
+    trial = session.get(Trial, trial_id, populate_existing=True)
+    if trial is None:
+        raise LookupError(f"trial {trial_id} not found")
+    return trial
+
+
+def _stale(session: Session, trial_id: int, runner_id: str, attempt: int) -> StaleLease:
+    session.rollback()  # release the lock the failed UPDATE may have taken (SQLite)
+    trial = _load(session, trial_id)
+    if trial.status == TrialStatus.CANCELLED:
+        return StaleLease(f"trial {trial_id} was cancelled")
+    if trial.status == TrialStatus.LEASED:
+        return StaleLease(
+            f"trial {trial_id} is leased to runner {trial.runner_id} attempt {trial.attempt}, "
+            f"not {runner_id} attempt {attempt}"
+        )
+    return StaleLease(
+        f"trial {trial_id} is {trial.status}, not leased to runner {runner_id} attempt {attempt}"
+    )
+
+
+def _checked(
+    session: Session, trial_id: int, runner_id: str, attempt: int, values: dict[str, Any]
+) -> None:
+    """Apply `values` if the lease is current, else raise StaleLease."""
+    result = session.exec(_update(*_holds(trial_id, runner_id, attempt), **values))
+    if result.rowcount != 1:
+        raise _stale(session, trial_id, runner_id, attempt)
+
+
+def claim(
+    session: Session, runner: Runner, *, lease_s: float, now: datetime | None = None
+) -> Trial | None:
+    """Lease the oldest claimable trial to `runner`, or None when there is none."""
+    now = now or utcnow()
+    pick = (
+        select(Trial.id)
+        .join(Job, col(Job.id) == Trial.job_id)
+        .where(Trial.status == TrialStatus.QUEUED, col(Job.status).in_(OPEN_JOBS))
+        .order_by(col(Trial.id))
+        .limit(1)
+        .with_for_update(of=Trial, skip_locked=True)
+    )
+    if runner.gpu_count <= 0:
+        pick = pick.where(col(Job.requires_gpu) == false())
+    stmt = _update(
+        col(Trial.id) == pick.scalar_subquery(),
+        status=TrialStatus.LEASED,
+        runner_id=runner.id,
+        attempt=Trial.attempt + 1,
+        started_at=now,
+        lease_expires_at=now + timedelta(seconds=lease_s),
+    ).returning(Trial.id)
+    trial_id = session.exec(stmt).scalar_one_or_none()
+    session.commit()
+    return None if trial_id is None else _load(session, trial_id)
+
+
+def heartbeat(
+    session: Session,
+    trial_id: int,
+    runner_id: str,
+    attempt: int,
+    *,
+    lease_s: float,
+    now: datetime | None = None,
+) -> Trial:
+    """Extend the lease to now + lease_s."""
+    deadline = (now or utcnow()) + timedelta(seconds=lease_s)
+    _checked(session, trial_id, runner_id, attempt, {"lease_expires_at": deadline})
+    session.commit()
+    return _load(session, trial_id)
+
+
+def finish(session: Session, trial_id: int, runner_id: str, attempt: int) -> Trial:
+    """Check the lease and lock the trial for the caller's report; does NOT commit.
+
+    The lock is a no-op UPDATE under the lease condition: on Postgres it holds the row (like
+    FOR UPDATE; the reaper and claims skip it), on SQLite it holds the write lock. Either way
+    nobody can reap or reclaim the trial until the caller commits the report (or rolls back).
+    On SQLite that lock stops every writer, so do slow work (analysis) before calling this.
+    On StaleLease the transaction has been rolled back.
+    """
+    _checked(session, trial_id, runner_id, attempt, {"status": Trial.status})
+    return _load(session, trial_id)
+
+
+def give_back(session: Session, trial_id: int, runner_id: str, attempt: int) -> Trial:
+    """The runner returns its lease unfinished: queued again without using up an attempt."""
+    _checked(session, trial_id, runner_id, attempt, _REQUEUE | {"attempt": Trial.attempt - 1})
+    session.commit()
+    return _load(session, trial_id)
+
+
+def release_runner(session: Session, runner_id: str) -> int:
+    """The runner leaves: it goes inactive and its leases return like give_back. Returns count."""
+    held = (Trial.runner_id == runner_id, Trial.status == TrialStatus.LEASED)
+    count = session.exec(_update(*held, **_REQUEUE, attempt=Trial.attempt - 1)).rowcount
+    session.exec(update(Runner).where(col(Runner.id) == runner_id).values(active=False))
+    session.commit()
+    return count
+
+
+def reap(session: Session, *, max_attempts: int = 3, now: datetime | None = None) -> list[Trial]:
+    """Requeue or finish (verdict error) leased trials whose deadline has passed."""
+    now = now or utcnow()
+    expired = (
+        Trial.status == TrialStatus.LEASED,
+        col(Trial.lease_expires_at) < now,
+    )
+    # SKIP LOCKED: a trial being finished right now (finish holds its row) is not expired.
+    rows = session.exec(
+        select(Trial.id, Trial.attempt, Trial.runner_id)
+        .where(*expired)
+        .order_by(col(Trial.id))
+        .with_for_update(of=Trial, skip_locked=True)
+    ).all()
+    reaped = []
+    for trial_id, attempt, runner_id in rows:
+        if attempt < max_attempts:
+            values = _REQUEUE
+        else:
+            reason = f"lease expired {attempt} times (last runner {runner_id})"
+            values = {
+                "status": TrialStatus.DONE,
+                "verdict": Verdict.ERROR,
+                "error": reason,
+                "analysis": {"reason": reason},
+                "finished_at": now,
+                "lease_expires_at": None,
+            }
+        # Re-check: on SQLite the SELECT above locked nothing and a heartbeat may have landed.
+        stmt = _update(Trial.id == trial_id, Trial.attempt == attempt, *expired, **values)
+        if session.exec(stmt).rowcount == 1:
+            reaped.append(trial_id)
+    session.commit()
+    return [_load(session, trial_id) for trial_id in reaped]
+
+
+def queue_depth(session: Session) -> int:
+    """Queued trials that a runner could claim now (their job is still open)."""
+    query = (
+        select(func.count())
+        .select_from(Trial)
+        .join(Job, col(Job.id) == Trial.job_id)
+        .where(Trial.status == TrialStatus.QUEUED, col(Job.status).in_(OPEN_JOBS))
+    )
+    return session.exec(query).one()
+
+
+def touch_runner(session: Session, runner_id: str, now: datetime | None = None) -> Runner | None:
+    """Record that the runner was seen; None if it is not registered."""
+    stmt = update(Runner).where(col(Runner.id) == runner_id).values(last_seen=now or utcnow())
+    touched = session.exec(stmt.execution_options(synchronize_session=False)).rowcount
+    session.commit()
+    return session.get(Runner, runner_id, populate_existing=True) if touched else None
+
+
+def live_runners(
+    session: Session, *, within_s: float = 60, now: datetime | None = None
+) -> list[Runner]:
+    """Active runners seen within the last `within_s` seconds, by id."""
+    since = (now or utcnow()) - timedelta(seconds=within_s)
+    query = (
+        select(Runner)
+        .where(col(Runner.active), col(Runner.last_seen) >= since)
+        .order_by(col(Runner.id))
+    )
+    return list(session.exec(query))
