@@ -18,7 +18,13 @@ def execute_trial(
     gpu: GpuProbe | None = None,
     on_sample: Callable[[Sample], None] | None = None,
     log: Callable[[str], None] | None = None,
+    on_start: Callable[[int], None] | None = None,
 ) -> TrialReport:
+    """Build the environment, run the script, report.
+
+    ``on_start`` gets the script's pid (= its process group id) as soon as it
+    runs, so another thread can kill the trial (`runners.agent` does on a 409).
+    """
     try:
         env: EnvResult = build_env(spec.env, root=env_root, cache_dir=cache_dir, log=log)
     except EnvError as exc:
@@ -37,6 +43,7 @@ def execute_trial(
             sample_hz=spec.sample_hz,
             gpu=gpu,
             on_sample=on_sample,
+            on_start=on_start,
         )
     return TrialReport(
         trial_id=spec.trial_id,

@@ -2,7 +2,11 @@
 
 import typer
 
+from service.cli import db, jobs
 from service.cli.run import run
+from service.cli.runner import runner
+from service.cli.serve import serve
+from service.cli.submit import submit
 
 app = typer.Typer(
     no_args_is_help=True,
@@ -10,6 +14,14 @@ app = typer.Typer(
     help="Find the first release of a dependency that leaks memory.",
 )
 app.command(name="run")(run)
+app.command(name="serve")(serve)
+app.command(name="runner")(runner)
+app.command(name="submit")(submit)
+app.command(name="status")(jobs.status)
+app.command(name="list")(jobs.list_jobs)
+app.command(name="cancel")(jobs.cancel)
+app.command(name="logs")(jobs.logs)
+app.add_typer(db.app, name="db")
 
 
 @app.callback()

@@ -201,3 +201,68 @@ def render_report(console: Console, report: dict[str, Any], curves: dict[int, li
         )
     if report.get("reproduce"):
         console.print(f"reproduce: {report['reproduce']}", soft_wrap=True)
+
+
+def _progress_text(report: dict[str, Any]) -> str:
+    progress = report.get("progress") or {}
+    return (
+        f"trials: {progress.get('trials_done', report.get('trials', 0))} done, "
+        f"{progress.get('trials_running', 0)} running, {progress.get('trials_queued', 0)} queued"
+    )
+
+
+class JobProgress:
+    """Progress of a server-side job, from the report dicts `GET /jobs/{id}` returns.
+
+    The same cells as `LiveDisplay` on a terminal (without the live memory
+    line: the server has the samples), plain lines otherwise; `update` is fed
+    each polled report and prints a line per newly judged candidate.
+    """
+
+    def __init__(self, console: Console, live: bool) -> None:
+        self.console = console
+        self.started = time.monotonic()
+        self.seen: dict[str, tuple[str | None, int]] = {}
+        self.report: dict[str, Any] | None = None
+        self.last_text = ""
+        self.live = (
+            Live(Text(""), console=console, refresh_per_second=4, transient=True) if live else None
+        )
+
+    def __enter__(self) -> "JobProgress":
+        if self.live is not None:
+            self.live.__enter__()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.live is not None:
+            self.live.__exit__(*exc)  # type: ignore[arg-type]
+
+    def _render(self) -> Group:
+        report = self.report or {}
+        rows = report.get("candidates") or []
+        row = Text()
+        for c in rows:
+            row.append_text(cell(c["verdict"], c["testable"], False))
+        span = f"{rows[0]['version']} … {rows[-1]['version']}" if rows else report.get("range", "")
+        elapsed = time.monotonic() - self.started
+        status = (
+            f"{report.get('package', '')} {span}   {report.get('status', '')}   "
+            f"{_progress_text(report)}   elapsed: {elapsed:5.0f}s"
+        )
+        return Group(Text(status), row)
+
+    def update(self, report: dict[str, Any]) -> None:
+        self.report = report
+        for c in report.get("candidates") or []:
+            key = (c["verdict"], c["trials"])
+            if self.seen.get(c["version"], (None, 0)) != key and c["verdict"] is not None:
+                self.console.print(f"  {c['version']}: {c['verdict']} ({c['trials']} trials)")
+            self.seen[c["version"]] = key
+        if self.live is not None:
+            self.live.update(self._render())
+            return
+        text = f"{report.get('status')}: {_progress_text(report)}"
+        if text != self.last_text:
+            self.console.print(text)
+            self.last_text = text

@@ -4,7 +4,7 @@ import json
 import sys
 from contextlib import ExitStack
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, NoReturn
 
 import typer
 from pydantic import ValidationError
@@ -56,6 +56,37 @@ def build_request(script: Path, package: str, range_: str, **fields: Any) -> Job
         )
     except ValidationError as exc:
         fail(validation_message(exc))
+
+
+def job_request(
+    script: Path | None,
+    package: str | None,
+    range_: str | None,
+    *,
+    with_: list[str] | None,
+    requirements_file: Path | None,
+    **fields: Any,
+) -> JobCreate:
+    """The `JobCreate` of the shared run options (`run` and `submit`); bad input fails."""
+    if script is None:
+        fail("SCRIPT: missing; give a repro script, or --example for the bundled one")
+    if not package:
+        fail("--package: missing; name the package whose releases to bisect")
+    if not range_:
+        fail("--range: missing; write GOOD..BAD, e.g. 0.11.8..0.11.19")
+    reqs = list(with_ or [])
+    if requirements_file is not None:
+        reqs += read_requirements(requirements_file)
+    return build_request(script, package, range_, requirements=reqs, **fields)
+
+
+def print_report(report: dict[str, Any], curves: dict[int, list[float]], json_: bool) -> NoReturn:
+    """The final report (JSON or Rich) and the exit status of its job status."""
+    if json_:
+        typer.echo(json.dumps(report, default=str))
+    else:
+        render_report(Console(), report, curves)
+    raise typer.Exit(exit_code(report["status"]))
 
 
 def curves_for(session: Session, report: dict[str, Any]) -> dict[int, list[float]]:
@@ -122,21 +153,13 @@ def run(
             range_ = range_ or "1.0.0..1.0.9"
             if not json_:
                 err.print(f"example: leakyfixture releases served at {index_url}")
-        if script is None:
-            fail("SCRIPT: missing; give a repro script, or --example for the bundled one")
-        if not package:
-            fail("--package: missing; name the package whose releases to bisect")
-        if not range_:
-            fail("--range: missing; write GOOD..BAD, e.g. 0.11.8..0.11.19")
-        reqs = list(with_ or [])
-        if requirements is not None:
-            reqs += read_requirements(requirements)
-        request = build_request(
+        request = job_request(
             script,
             package,
             range_,
+            with_=with_,
+            requirements_file=requirements,
             python=python,
-            requirements=reqs,
             index_url=index_url,
             extra_index_urls=extra_index_url or [],
             find_links=find_links or [],
@@ -196,8 +219,4 @@ def run(
                 internal(exc)
             report = build_report(job, candidates_of(session, job), trials_of(session, job))
             curves = {} if json_ else curves_for(session, report)
-    if json_:
-        typer.echo(json.dumps(report, default=str))
-    else:
-        render_report(Console(), report, curves)
-    raise typer.Exit(exit_code(report["status"]))
+    print_report(report, curves, json_)

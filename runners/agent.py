@@ -1,0 +1,463 @@
+"""The runner agent: register, long-poll for leases, run trials, heartbeat, report.
+
+One trial at a time. The trial runs in a worker thread (`execute_trial`) while
+the agent's thread heartbeats every ``heartbeat_s`` (the lease's figure),
+sending the trial's latest RSS. A heartbeat answered 409 means the lease is no
+longer ours (re-leased after its deadline, or the job was cancelled): the
+agent kills the trial and drops its report.
+
+Killing a trial: `execute_trial(on_start=...)` hands over the script's pid,
+which is its process group id (the executor starts it in its own session).
+`_Trial.kill` sends SIGKILL to that group; the executor then returns as for
+any killed script, after sweeping stragglers and the cgroup. A kill requested
+while the environment is still being built takes effect the moment the script
+starts (uv builds are not interrupted).
+
+Stopping (`stop()`, SIGTERM or SIGINT through `install_signal_handlers`): no
+new leases; a running trial may finish within ``grace_s`` (and is reported as
+usual), else it is killed and its lease given back (queued again without
+using up an attempt); then the agent leaves (DELETE /runners/{id}, which also
+returns any lease it did not know about) and `run` returns 0. A second signal
+skips the grace period.
+
+Network trouble never stops the agent: the client retries with backoff, and
+the loop keeps trying after that (a lease that is not heartbeated in time is
+simply re-leased by the server's reaper).
+
+Every event is one log line through ``log`` (default: stderr, with a time).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import platform
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+import psutil
+
+from runners.client import ApiClient, ApiError, ApiUnreachable, StaleLeaseError
+from runners.nvml import GpuProbe
+from runners.trial import execute_trial
+from runners.wire import (
+    EnvResult,
+    Heartbeat,
+    Lease,
+    LeaseReturn,
+    RunnerCapabilities,
+    RunnerRegister,
+    Sample,
+    TrialReport,
+)
+
+Log = Callable[[str], None]
+
+LEASE_WAIT_S = 20.0
+GRACE_S = 30.0
+IDLE_RETRY_S = 2.0  # after a failed lease request (server down), before the next
+
+
+def stderr_log(line: str) -> None:
+    print(f"{time.strftime('%H:%M:%S')} {line}", file=sys.stderr, flush=True)
+
+
+def default_name() -> str:
+    return f"{socket.gethostname()}-{os.getpid()}"
+
+
+def parse_labels(text: str | None) -> dict[str, str]:
+    """``k=v,k2=v2`` -> dict; ValueError with a one-line message naming the bad item."""
+    labels: dict[str, str] = {}
+    for item in (text or "").split(","):
+        item = item.strip()
+        if not item:
+            continue
+        key, sep, value = item.partition("=")
+        key, value = key.strip(), value.strip()
+        if not sep or not key:
+            raise ValueError(f"{item!r} is not key=value (write k=v,k2=v2)")
+        if key in labels:
+            raise ValueError(f"label {key!r} given twice")
+        labels[key] = value
+    return labels
+
+
+# ---------------------------------------------------------------------------
+# capabilities
+
+
+def _uv_bin() -> str | None:
+    try:
+        from uv import find_uv_bin
+
+        return find_uv_bin()
+    except (ImportError, FileNotFoundError):
+        return shutil.which("uv")
+
+
+def installed_pythons() -> list[str]:
+    """Versions of the Pythons uv can build environments with (never downloads one)."""
+    versions: set[str] = set()
+    uv = _uv_bin()
+    if uv is not None:
+        with contextlib.suppress(OSError, subprocess.SubprocessError, ValueError):
+            proc = subprocess.run(
+                [uv, "python", "list", "--only-installed", "--output-format", "json"],
+                capture_output=True,
+                text=True,
+                timeout=30,
+                env={**os.environ, "UV_PYTHON_DOWNLOADS": "never", "NO_COLOR": "1"},
+            )
+            if proc.returncode == 0:
+                for entry in json.loads(proc.stdout):
+                    if entry.get("implementation", "cpython") == "cpython" and entry.get("version"):
+                        versions.add(str(entry["version"]))
+    if not versions:
+        versions.add(platform.python_version())
+
+    def key(v: str) -> tuple[int, ...]:
+        return tuple(int(p) if p.isdigit() else 0 for p in v.split(".")[:3])
+
+    return sorted(versions, key=key, reverse=True)
+
+
+def describe_capabilities(gpu: GpuProbe | None) -> RunnerCapabilities:
+    gpus: list[dict[str, Any]] = []
+    driver = cuda = None
+    if gpu is not None:
+        info = gpu.describe()
+        driver, cuda = info.get("driver_version"), info.get("cuda_driver_version")
+        gpus = [
+            {"name": d.get("name"), "memory_bytes": d.get("memory_total"), "uuid": d.get("uuid")}
+            for d in info.get("devices", [])
+        ]
+    return RunnerCapabilities(
+        gpus=gpus,
+        gpu_driver=driver,
+        cuda=cuda,
+        memory_bytes=psutil.virtual_memory().total,
+        cpus=os.cpu_count() or 1,
+        pythons=installed_pythons(),
+        platform=platform.platform(),
+    )
+
+
+# ---------------------------------------------------------------------------
+# one trial
+
+
+class _Trial:
+    """A leased trial running in a worker thread, killable from the agent's thread."""
+
+    def __init__(self, lease: Lease, run: Callable[[_Trial], TrialReport]):
+        self.lease = lease
+        self.spec = lease.trial
+        self.rss: int | None = None
+        self.report: TrialReport | None = None
+        self.killed = False
+        self._pgid: int | None = None
+        self._lock = threading.Lock()
+        self._run = run
+        self.thread = threading.Thread(
+            target=self._target, name=f"trial-{self.spec.trial_id}", daemon=True
+        )
+
+    def _target(self) -> None:
+        try:
+            self.report = self._run(self)
+        except Exception as exc:  # noqa: BLE001 - the runner's own failure is the trial's error
+            self.report = TrialReport(
+                trial_id=self.spec.trial_id,
+                attempt=self.spec.attempt,
+                env=EnvResult(ok=True),
+                error=f"runner: {type(exc).__name__}: {exc}",
+            )
+
+    def on_start(self, pgid: int) -> None:
+        with self._lock:
+            self._pgid = pgid
+            if self.killed:
+                self._killpg()
+
+    def on_sample(self, sample: Sample) -> None:
+        self.rss = sample.rss
+
+    def kill(self) -> None:
+        with self._lock:
+            self.killed = True
+            if self._pgid is not None:
+                self._killpg()
+
+    def _killpg(self) -> None:
+        assert self._pgid is not None
+        if self._pgid == os.getpgrp():  # never our own group
+            return
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(self._pgid, signal.SIGKILL)
+
+    @property
+    def pgid(self) -> int | None:
+        return self._pgid
+
+
+# ---------------------------------------------------------------------------
+# the agent
+
+
+class Agent:
+    def __init__(
+        self,
+        client: ApiClient,
+        name: str,
+        labels: dict[str, str],
+        env_root: Path,
+        cache_dir: Path,
+        gpu: GpuProbe | None,
+        *,
+        lease_wait: float = LEASE_WAIT_S,
+        grace_s: float = GRACE_S,
+        log: Log | None = None,
+        capabilities: RunnerCapabilities | None = None,
+    ):
+        self.client = client
+        self.name = name
+        self.labels = dict(labels)
+        self.env_root = Path(env_root)
+        self.cache_dir = Path(cache_dir)
+        self.gpu = gpu
+        self.lease_wait = lease_wait
+        self.grace_s = grace_s
+        self.log = log or stderr_log
+        self._capabilities = capabilities
+        self.runner_id: str | None = None
+        self.heartbeat_s = 10.0
+        self.stopping = threading.Event()
+        self.hurry = threading.Event()  # second signal: no grace period
+        self.current: _Trial | None = None
+        self.trials_done = 0
+        self._left = False
+
+    # -- control
+
+    def stop(self) -> None:
+        """Stop taking leases; finish or give back the current trial; then leave."""
+        if self.stopping.is_set():
+            self.hurry.set()
+        self.stopping.set()
+
+    def install_signal_handlers(self) -> None:
+        """SIGTERM and SIGINT call `stop` (main thread only)."""
+
+        def handler(signum: int, _frame: FrameType | None) -> None:
+            again = self.stopping.is_set()
+            self.stop()
+            name = signal.Signals(signum).name
+            self.log(f"{name}: {'no grace period' if again else 'stopping'}")
+
+        signal.signal(signal.SIGTERM, handler)
+        signal.signal(signal.SIGINT, handler)
+
+    @property
+    def capabilities(self) -> RunnerCapabilities:
+        if self._capabilities is None:
+            self._capabilities = describe_capabilities(self.gpu)
+        return self._capabilities
+
+    # -- main loop
+
+    def register(self) -> None:
+        caps = self.capabilities
+        reg = self.client.register(
+            RunnerRegister(name=self.name, capabilities=caps, labels=self.labels)
+        )
+        self.runner_id = reg.runner_id
+        self.heartbeat_s = reg.heartbeat_s
+        self._left = False
+        gpus = f"{caps.gpu_count} GPU" + ("s" if caps.gpu_count != 1 else "")
+        self.log(
+            f"registered as {reg.runner_id} ({self.name}) at {self.client.base_url}: "
+            f"{gpus}, {caps.cpus} CPUs, pythons {', '.join(caps.pythons[:4])}; "
+            f"lease {reg.lease_s:g}s, heartbeat {reg.heartbeat_s:g}s"
+        )
+
+    def run(self) -> int:
+        """Serve until stopped; returns the exit status (0). Registration errors raise."""
+        self.register()
+        try:
+            while not self.stopping.is_set():
+                lease = self._poll()
+                if lease is not None:
+                    self._work(lease)
+        finally:
+            self._leave()
+        return 0
+
+    def _poll(self) -> Lease | None:
+        """One long poll, in a helper thread so that `stop` is seen at once."""
+        assert self.runner_id is not None
+        runner_id = self.runner_id
+        box: dict[str, Any] = {}
+
+        def target() -> None:
+            try:
+                box["lease"] = self.client.lease(runner_id, wait=self.lease_wait)
+            except BaseException as exc:  # noqa: BLE001 - handed to the agent's thread
+                box["error"] = exc
+
+        poller = threading.Thread(target=target, name="lease-poll", daemon=True)
+        poller.start()
+        while poller.is_alive() and not self.stopping.is_set():
+            poller.join(0.2)
+        if poller.is_alive():
+            # Stopping mid-poll: leaving makes the server end the poll (404) and returns any
+            # lease granted meanwhile; one that still arrives is given back below.
+            self._leave()
+            poller.join(2.0)
+        error = box.get("error")
+        if error is not None:
+            self._poll_failed(error)
+            return None
+        lease: Lease | None = box.get("lease")
+        if lease is not None and self.stopping.is_set():
+            self._give_back(lease, "stopping")
+            return None
+        return lease
+
+    def _poll_failed(self, error: BaseException) -> None:
+        if self.stopping.is_set():
+            return
+        if isinstance(error, ApiError) and error.status == 404:
+            self.log(f"lease: {error}; registering again")
+            self.register()
+            return
+        if isinstance(error, (ApiError, ApiUnreachable)):
+            self.log(f"lease: {error}")
+            self.stopping.wait(IDLE_RETRY_S)
+            return
+        raise error
+
+    def _execute(self, trial: _Trial) -> TrialReport:
+        return execute_trial(
+            trial.spec,
+            env_root=self.env_root,
+            cache_dir=self.cache_dir,
+            gpu=self.gpu,
+            on_sample=trial.on_sample,
+            on_start=trial.on_start,
+        )
+
+    def _work(self, lease: Lease) -> None:
+        spec = lease.trial
+        trial = _Trial(lease, self._execute)
+        self.current = trial
+        env = spec.env
+        self.log(
+            f"trial {spec.trial_id} attempt {spec.attempt}: leased {env.package}=={env.version}"
+        )
+        beat_every = max(0.2, lease.heartbeat_s or self.heartbeat_s)
+        next_beat = time.monotonic() + beat_every
+        lost: str | None = None
+        giving_back = False
+        grace_until: float | None = None
+        trial.thread.start()
+        try:
+            while trial.thread.is_alive():
+                trial.thread.join(0.1)
+                now = time.monotonic()
+                if self.stopping.is_set() and grace_until is None and not giving_back:
+                    grace = 0.0 if self.hurry.is_set() else self.grace_s
+                    grace_until = now + grace
+                    self.log(f"trial {spec.trial_id}: stopping; up to {grace:g}s to finish")
+                if (
+                    grace_until is not None
+                    and not giving_back
+                    and (now >= grace_until or self.hurry.is_set())
+                ):
+                    giving_back = True
+                    trial.kill()
+                    self.log(f"trial {spec.trial_id}: killed (shutting down)")
+                if now >= next_beat and trial.thread.is_alive() and lost is None:
+                    next_beat = now + beat_every
+                    lost = self._heartbeat(trial)
+                    if lost is not None:
+                        trial.kill()
+                        self.log(f"trial {spec.trial_id}: killed: {lost}")
+        finally:
+            self.current = None
+        report = trial.report
+        if lost is not None:
+            self.log(f"trial {spec.trial_id}: report dropped (lease lost)")
+            return
+        if giving_back or report is None:
+            self._give_back(lease, "shutting down")
+            return
+        self._complete(
+            spec.trial_id,
+            report.model_copy(update={"runner_id": self.runner_id, "attempt": spec.attempt}),
+        )
+
+    def _heartbeat(self, trial: _Trial) -> str | None:
+        """Extend the lease; the reason when it is lost (409), else None."""
+        assert self.runner_id is not None
+        try:
+            self.client.heartbeat(
+                trial.spec.trial_id,
+                Heartbeat(runner_id=self.runner_id, attempt=trial.spec.attempt, rss=trial.rss),
+            )
+        except StaleLeaseError as exc:
+            return f"lease lost ({exc})"
+        except (ApiError, ApiUnreachable) as exc:
+            self.log(f"trial {trial.spec.trial_id}: heartbeat failed: {exc}")
+        return None
+
+    def _complete(self, trial_id: int, report: TrialReport) -> None:
+        summary = (
+            f"env failed: {report.env.error}"
+            if not report.env.ok
+            else report.error or f"exit {report.exit_code}, {report.duration_s:.1f}s"
+        )
+        try:
+            answer = self.client.complete(trial_id, report)
+        except StaleLeaseError as exc:
+            self.log(f"trial {trial_id}: report refused, lease lost ({exc})")
+            return
+        except (ApiError, ApiUnreachable) as exc:
+            self.log(f"trial {trial_id}: report not delivered: {exc}")
+            return
+        self.trials_done += 1
+        verdict = (answer or {}).get("verdict", "?")
+        self.log(f"trial {trial_id}: done ({summary}): {verdict}")
+
+    def _give_back(self, lease: Lease, why: str) -> None:
+        assert self.runner_id is not None
+        trial_id = lease.trial.trial_id
+        try:
+            self.client.give_back(
+                trial_id, LeaseReturn(runner_id=self.runner_id, attempt=lease.trial.attempt)
+            )
+        except (ApiError, ApiUnreachable) as exc:
+            self.log(f"trial {trial_id}: could not give the lease back: {exc}")
+            return
+        self.log(f"trial {trial_id}: lease given back ({why})")
+
+    def _leave(self) -> None:
+        if self.runner_id is None or self._left:
+            return
+        self._left = True
+        try:
+            self.client.leave(self.runner_id)
+        except (ApiError, ApiUnreachable) as exc:
+            self.log(f"leave: {exc}")
+            return
+        self.log(f"left ({self.runner_id}); {self.trials_done} trials reported")

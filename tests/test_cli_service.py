@@ -1,0 +1,375 @@
+"""End to end through the command line: `serve`, `runner` processes, `submit --wait`,
+`status`, `list`, `logs`, `cancel`; runner death and re-lease on Postgres; one-line errors.
+
+Real processes throughout: `bisect-cli serve --runners 0` on a free port with its
+own database, `bisect-cli runner` agents building environments with uv from the
+offline fixture index (leakyfixture 1.0.0..1.0.9, first leaking release 1.0.6).
+"""
+
+import json
+import os
+import selectors
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO, Any
+
+import pytest
+from click.testing import Result
+from typer.testing import CliRunner
+
+from runners.client import ApiClient, ApiError
+from service.cli import app
+from service.settings import get_settings
+
+REPO = Path(__file__).resolve().parents[1]
+REPRO = REPO / "service" / "example" / "repro.py"
+CLI = [sys.executable, "-m", "service.cli"]
+SLEEPER = "import time\nprint('sleeping', flush=True)\ntime.sleep(60)\n"
+
+
+def wait_until(check: Callable[[], Any], timeout: float, what: str) -> Any:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = check()
+        if value:
+            return value
+        time.sleep(0.1)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+
+
+def read_line(stream: IO[str], timeout: float) -> str:
+    sel = selectors.DefaultSelector()
+    sel.register(stream, selectors.EVENT_READ)
+    if not sel.select(timeout):
+        raise AssertionError(f"no line within {timeout}s")
+    return stream.readline()
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@dataclass
+class Service:
+    """A `serve` process, its runner processes, and the environment they share."""
+
+    home: Path
+    env: dict[str, str]
+    url: str = ""
+    serve: subprocess.Popen | None = None
+    runners: list[subprocess.Popen] = field(default_factory=list)
+    logs: list[Path] = field(default_factory=list)
+
+    def start_serve(self, database_url: str, **extra_env: str) -> None:
+        log = self.home / "serve.log"
+        with log.open("w") as err:
+            self.serve = subprocess.Popen(
+                CLI + ["serve", "--port", "0", "--runners", "0", "--json"]
+                + ["--database-url", database_url],
+                stdout=subprocess.PIPE,
+                stderr=err,
+                text=True,
+                env={**self.env, **extra_env},
+            )  # fmt: skip
+        assert self.serve.stdout is not None
+        line = read_line(self.serve.stdout, 60)
+        assert line, log.read_text()
+        self.url = json.loads(line)["url"]
+
+    def start_runner(self, name: str) -> subprocess.Popen:
+        log = self.home / f"{name}.log"
+        with log.open("w") as err:
+            proc = subprocess.Popen(
+                CLI + ["runner", "--server", self.url, "--name", name, "--grace", "2"],
+                stdout=subprocess.DEVNULL,
+                stderr=err,
+                env=self.env,
+            )
+        self.runners.append(proc)
+        self.logs.append(log)
+        return proc
+
+    def cli(
+        self, *args: str, timeout: float = 120, **extra_env: str
+    ) -> subprocess.CompletedProcess:
+        return subprocess.run(
+            CLI + list(args),
+            capture_output=True,
+            text=True,
+            env={**self.env, "BISECT_SERVER": self.url, **extra_env},
+            timeout=timeout,
+        )
+
+    def invoke(self, *args: str, **extra_env: str) -> Result:
+        """In process (no interpreter start-up): for the quick commands."""
+        return CliRunner().invoke(app, list(args), env={"BISECT_SERVER": self.url, **extra_env})
+
+    def client(self) -> ApiClient:
+        return ApiClient(self.url, retries=2, backoff=0.2)
+
+    def stop(self) -> int | None:
+        for proc in self.runners:
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+        for proc in self.runners:
+            try:
+                proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+        if self.serve is None:
+            return None
+        if self.serve.poll() is None:
+            self.serve.send_signal(signal.SIGTERM)
+        try:
+            return self.serve.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            self.serve.kill()
+            return None
+
+
+def make_env(home: Path, uv_cache: Path, **extra: str) -> dict[str, str]:
+    env = {
+        k: v for k, v in os.environ.items() if not k.startswith("BISECT_") and k != "UV_CACHE_DIR"
+    }
+    env.update(
+        XDG_DATA_HOME=str(home / "data"),
+        XDG_CACHE_HOME=str(home / "cache"),
+        UV_CACHE_DIR=str(uv_cache),
+        BISECT_HEARTBEAT_S="1",
+        BISECT_REAP_INTERVAL_S="0.5",
+        **extra,
+    )
+    return env
+
+
+def leased_trial(client: ApiClient, job_id: int) -> dict[str, Any] | None:
+    if client.get_job(job_id)["progress"]["trials_running"] == 0:
+        return None
+    for trial_id in range(1, 500):
+        try:
+            trial = client.get_trial(trial_id)
+        except ApiError:
+            return None
+        if trial["job_id"] == job_id and trial["status"] == "leased":
+            return trial
+    return None
+
+
+@pytest.fixture(scope="module")
+def service(tmp_path_factory: pytest.TempPathFactory, uv_cache: Path) -> Iterator[Service]:
+    home = tmp_path_factory.mktemp("service")
+    svc = Service(home, make_env(home, uv_cache))
+    svc.start_serve(f"sqlite:///{home / 'service.db'}")
+    svc.start_runner("runner-a")
+    svc.start_runner("runner-b")
+    try:
+        yield svc
+    finally:
+        svc.stop()
+
+
+@pytest.fixture(scope="module")
+def bisection(service: Service, fixture_index: str) -> tuple[subprocess.CompletedProcess, dict]:
+    t0 = time.monotonic()
+    proc = service.cli(
+        "submit", str(REPRO), "--package", "leakyfixture", "--range", "1.0.0..1.0.9",
+        "--index-url", fixture_index, "--wait", "--json",
+        timeout=150,
+    )  # fmt: skip
+    print(f"two runners: submit --wait took {time.monotonic() - t0:.1f}s")
+    assert proc.returncode == 0, proc.stderr + "".join(p.read_text() for p in service.logs)
+    return proc, json.loads(proc.stdout)
+
+
+# ------------------------------------------------------------------------------ tests
+
+
+def test_submit_wait_two_runners_finds_the_first_leak(
+    service: Service, bisection: tuple[subprocess.CompletedProcess, dict]
+) -> None:
+    proc, report = bisection
+    assert report["status"] == "found"
+    assert (report["last_good"], report["first_bad"]) == ("1.0.5", "1.0.6")
+    # The same report as `bisect-cli run --json`: no server extras.
+    assert "progress" not in report and "created_at" not in report
+    assert {"candidates", "evidence", "dependency_diff", "reproduce", "skipped"} <= report.keys()
+    assert report["dependency_diff"] == [
+        {"package": "leakyfixture", "last_good": "1.0.5", "first_bad": "1.0.6"}
+    ]
+    assert proc.stdout.count("\n") == 1  # one JSON object; progress went nowhere
+    # Both runner processes did work.
+    with service.client() as client:
+        runners = set()
+        for trial_id in range(1, report["trials"] + 1):
+            runners.add(client.get_trial(trial_id)["runner_id"])
+    assert len(runners) == 2, runners
+
+
+def test_status_list_logs(service: Service, bisection: tuple) -> None:
+    _, report = bisection
+    job = report["job_id"]
+
+    status = service.invoke("status", str(job), "--json")
+    assert status.exit_code == 0, status.stderr
+    shown = json.loads(status.stdout)
+    assert shown["status"] == "found" and shown["first_bad"] == "1.0.6"
+    assert shown["progress"]["trials_done"] == report["trials"]
+
+    human = service.invoke("status", str(job))
+    assert human.exit_code == 0, human.stderr
+    assert f"job {job} found" in human.stdout
+    assert "first bad is 1.0.6" in " ".join(human.stdout.split())
+
+    listed = service.invoke("list", "--status", "found", "--package", "LeakyFixture", "--json")
+    assert listed.exit_code == 0, listed.stderr
+    page = json.loads(listed.stdout)
+    assert job in [item["id"] for item in page["items"]]
+    assert all(item["status"] == "found" for item in page["items"])
+    table = service.invoke("list")
+    assert table.exit_code == 0 and "leakyfixture" in table.stdout
+
+    trial = report["evidence"][1]["runs"][0]["trial"]
+    logs = service.invoke("logs", str(trial), "--json")
+    assert logs.exit_code == 0, logs.stderr
+    info = json.loads(logs.stdout)
+    assert info["id"] == trial and info["version"] == "1.0.6" and info["verdict"] == "leak"
+    assert isinstance(info["log_tail"], str)
+    plain = service.invoke("logs", str(trial))
+    assert plain.exit_code == 0
+    assert plain.stderr.startswith(f"trial {trial} (job {job}, 1.0.6): done, leak; attempt 1")
+
+
+def test_submit_prints_url_and_cancel_kills_the_trial(
+    service: Service, fixture_index: str, tmp_path: Path
+) -> None:
+    script = tmp_path / "sleeper.py"
+    script.write_text(SLEEPER)
+    submitted = service.invoke(
+        "submit", str(script), "--package", "leakyfixture", "--range", "1.0.0..1.0.2",
+        "--index-url", fixture_index, "--no-reuse",
+    )  # fmt: skip
+    assert submitted.exit_code == 0, submitted.stderr
+    url = submitted.stdout.strip()
+    assert url.startswith(f"{service.url}/api/v1/jobs/")
+    job = int(url.rsplit("/", 1)[1])
+    with service.client() as client:
+        trial = wait_until(lambda: leased_trial(client, job), 60, "a leased trial")
+        wait_until(
+            lambda: any(f"trial {trial['id']} attempt" in p.read_text() for p in service.logs),
+            30,
+            "the runner to start it",
+        )
+        cancelled = service.invoke("cancel", str(job), "--json")
+        assert cancelled.exit_code == 0, cancelled.stderr
+        assert json.loads(cancelled.stdout)["status"] == "cancelled"
+        wait_until(
+            lambda: any(
+                f"trial {trial['id']}: killed: lease lost" in p.read_text() for p in service.logs
+            ),
+            10,
+            "the runner to kill the trial",
+        )
+    again = service.invoke("cancel", str(job))
+    assert again.exit_code == 2
+    assert again.stderr == f"error: HTTP 409: job {job} has already finished (cancelled)\n"
+    status = service.invoke("status", str(job), "--json")
+    assert json.loads(status.stdout)["status"] == "cancelled"
+
+
+def test_bad_input_is_one_line(service: Service, fixture_index: str, tmp_path: Path) -> None:
+    missing = service.invoke("submit", str(REPRO), "--package", "leakyfixture")
+    assert missing.exit_code == 2
+    assert missing.stderr == "error: --range: missing; write GOOD..BAD, e.g. 0.11.8..0.11.19\n"
+
+    no_script = service.invoke("submit", "--package", "leakyfixture", "--range", "1..2")
+    assert no_script.exit_code == 2
+    assert no_script.stderr == "error: SCRIPT: missing; give the repro script to run\n"
+
+    bad_range = service.invoke(
+        "submit", str(REPRO), "--package", "leakyfixture", "--range", "1.0.0..9.9",
+        "--index-url", fixture_index,
+    )  # fmt: skip
+    assert bad_range.exit_code == 2
+    assert bad_range.stderr.startswith("error: HTTP 422: range: ")
+    assert bad_range.stderr.count("\n") == 1
+
+    nothing = service.invoke("status", "99999")
+    assert nothing.exit_code == 2
+    assert nothing.stderr == "error: HTTP 404: job 99999 not found\n"
+
+    port = free_port()
+    down = service.invoke(
+        "submit", str(REPRO), "--package", "leakyfixture", "--range", "1.0.0..1.0.9",
+        "--server", f"http://127.0.0.1:{port}", BISECT_HTTP_RETRIES="1",
+    )  # fmt: skip
+    assert down.exit_code == 1
+    assert down.stderr.startswith(f"error: cannot reach http://127.0.0.1:{port}/api/v1/jobs: ")
+    assert down.stderr.count("\n") == 1
+
+    labels = service.invoke("runner", "--labels", "gpu=a100,zone")
+    assert labels.exit_code == 2
+    assert labels.stderr == "error: --labels: 'zone' is not key=value (write k=v,k2=v2)\n"
+
+    get_settings.cache_clear()
+    try:
+        open_host = service.invoke(
+            "serve", "--host", "0.0.0.0", "--port", str(port),
+            BISECT_API_TOKENS="", BISECT_RUNNER_TOKENS="",
+        )  # fmt: skip
+    finally:
+        get_settings.cache_clear()
+    assert open_host.exit_code == 2
+    assert open_host.stderr.startswith("error: --host 0.0.0.0: no tokens configured")
+    assert open_host.stderr.count("\n") == 1
+
+    db = service.invoke(
+        "db", "upgrade", "--database-url", f"sqlite:///{tmp_path / 'x.db'}", "--json"
+    )
+    assert db.exit_code == 0, db.stderr
+    assert json.loads(db.stdout)["upgraded"] is True
+
+
+def test_runner_death_relets_the_trial_on_postgres(
+    tmp_path: Path, uv_cache: Path, fixture_index: str, pg_url: str
+) -> None:
+    svc = Service(tmp_path, make_env(tmp_path, uv_cache))
+    svc.start_serve(pg_url, BISECT_LEASE_S="3")
+    submit: subprocess.Popen | None = None
+    try:
+        first = svc.start_runner("doomed")
+        submit = subprocess.Popen(
+            CLI + ["submit", str(REPRO), "--package", "leakyfixture", "--range", "1.0.5..1.0.7"]
+            + ["--index-url", fixture_index, "--wait", "--json", "--server", svc.url],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=svc.env,
+        )  # fmt: skip
+        with svc.client() as client:
+            job = wait_until(lambda: client.list_jobs()["items"], 60, "the job")[0]["id"]
+            trial = wait_until(lambda: leased_trial(client, job), 60, "a leased trial")
+            first.send_signal(signal.SIGKILL)
+            first.wait(10)
+            svc.start_runner("successor")
+            out, err = submit.communicate(timeout=120)
+            assert submit.returncode == 0, err + "".join(p.read_text() for p in svc.logs)
+            report = json.loads(out)
+            assert (report["last_good"], report["first_bad"]) == ("1.0.5", "1.0.6")
+            relet = client.get_trial(trial["id"])
+            assert relet["attempt"] == 2 and relet["status"] == "done"
+            assert relet["runner_id"] != trial["runner_id"]
+    finally:
+        if submit is not None and submit.poll() is None:
+            submit.kill()
+        rc = svc.stop()
+    assert rc == 0
+    serve_log = (tmp_path / "serve.log").read_text()
+    assert "stopped" in serve_log and "Traceback" not in serve_log
