@@ -44,6 +44,11 @@ class Sampler:
     ``start_time`` is the `time.monotonic()` instant that sample times are
     relative to (default: when `start()` is called); pass the spawn time so
     samples and step markers share one clock.
+
+    For the first ``fast_start_s`` seconds it samples at ``fast_hz`` (when
+    that is faster than ``hz``): a repro of a few seconds then still gives
+    the classifier enough points per step, while an hours-long run settles to
+    ``hz`` and its series stays small.
     """
 
     def __init__(
@@ -57,11 +62,15 @@ class Sampler:
         watchdog_limit_bytes: int | None = None,
         on_watchdog: Callable[[], None] | None = None,
         on_sample: Callable[[Sample], None] | None = None,
+        fast_hz: float = 50.0,
+        fast_start_s: float = 30.0,
     ):
         if hz <= 0:
             raise ValueError("hz must be positive")
         self.pid = pid
         self.period = 1.0 / hz
+        self.fast_period = min(self.period, 1.0 / fast_hz) if fast_hz > 0 else self.period
+        self.fast_start_s = fast_start_s
         self.gpu = gpu
         self.start_time = start_time
         self.refresh_s = refresh_s
@@ -235,13 +244,14 @@ class Sampler:
                 p.kill()  # psutil checks the create time first: no pid-reuse accidents
 
     def _run(self) -> None:
-        next_at = time.monotonic()
+        began = next_at = time.monotonic()
         while not self._stop.is_set():
             try:
                 self.sample_once()
             except Exception:  # noqa: BLE001 - keep sampling; log the first surprise
                 log.exception("sampler iteration failed")
-            next_at += self.period
+            fast = next_at - began < self.fast_start_s
+            next_at += self.fast_period if fast else self.period
             now = time.monotonic()
             if next_at < now:  # fell behind (suspended, overloaded): do not burst
                 next_at = now + self.period

@@ -174,7 +174,7 @@ def test_sampler_keeps_its_rate():
     """About hz samples per second; the CPU cost is measured by the benchmarks, not here."""
     p = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(10)"])
     try:
-        s = Sampler(p.pid, hz=10)
+        s = Sampler(p.pid, hz=10, fast_start_s=0)
         s.start()
         time.sleep(2.0)
         s.stop()
@@ -182,3 +182,20 @@ def test_sampler_keeps_its_rate():
         p.kill()
         p.wait()
     assert 12 <= len(s.samples) <= 22
+
+
+def test_sampler_starts_fast_then_settles():
+    """Short repros get 50 Hz for the first seconds; long runs settle to hz."""
+    p = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(10)"])
+    try:
+        s = Sampler(p.pid, hz=10, fast_hz=50, fast_start_s=1.0)
+        s.start()
+        time.sleep(2.0)
+        s.stop()
+    finally:
+        p.kill()
+        p.wait()
+    first_second = [x for x in s.samples if x.t < 1.0]
+    second_second = [x for x in s.samples if 1.05 <= x.t < 2.0]
+    assert 35 <= len(first_second) <= 52
+    assert 6 <= len(second_second) <= 11

@@ -61,7 +61,13 @@ MemoryLimit = Annotated[
     typer.Option("--memory-limit", help=f"Hard cap per run: {SIZE_HELP} (default 80% of RAM)."),
 ]
 SampleHz = Annotated[
-    float, typer.Option("--sample-hz", min=0.1, max=100, help="Memory samples per second.")
+    float,
+    typer.Option(
+        "--sample-hz",
+        min=0.1,
+        max=100,
+        help="Memory samples per second (50 per second for the first 30 s of a run).",
+    ),
 ]
 Json = Annotated[bool, typer.Option("--json", help="Print one JSON object on stdout.")]
 DatabaseUrl = Annotated[
