@@ -72,7 +72,6 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 import numpy as np
-from scipy.stats import theilslopes
 
 from service.verdicts import Verdict
 
@@ -472,6 +471,9 @@ def _classify_blocks(
             f"{s.min_block_samples}+ samples",
             unit, n, peak,
         )
+
+    # Imported here: scipy.stats costs about a second, and the CLI's other commands don't judge.
+    from scipy.stats import theilslopes
 
     slope, _, low, high = theilslopes(floors, fx, alpha=s.confidence)
     slope, low, high = float(slope), float(low), float(high)
