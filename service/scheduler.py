@@ -3,27 +3,77 @@
 The planner and the classifier decide; this module only moves rows. Both the
 local `bisect-cli run` loop and the service call `advance` after every
 completed trial, so the two modes walk exactly the same path.
+
+Concurrency: two runners completing trials of one job at once must not both
+queue the planner's picks. `advance` and `cancel` hold the job's lock: the job
+row `FOR UPDATE` on Postgres (across processes), a process lock on SQLite
+(whose writers are serialized anyway, but whose reads are not). Callers commit
+their own changes before calling either.
+
+Verdict reuse (service/reuse.py): a pick that an earlier job already judged
+under the same conditions is not queued; its verdicts are copied and the
+planner is asked again, until it picks something that needs running or the
+search is over.
 """
 
+import threading
 from collections import defaultdict
+from collections.abc import Iterator
+from contextlib import contextmanager
 from statistics import median
 
+from sqlalchemy import update
 from sqlmodel import Session, col, select
 
+from service import queue, reuse
 from service.analysis import aggregate, needs_more_runs
 from service.models import Candidate, Job, JobStatus, Trial, TrialStatus, utcnow
 from service.planner import CandidateState, Outcome, Plan, plan
 from service.verdicts import Verdict
 
+# SQLite: one process lock for every job (the service is one process on SQLite).
+_sqlite_lock = threading.RLock()
+# Marks the lines of job.message that `advance` owns (reuse notes).
+REUSE_MARK = " reused from job "
+
 
 def candidates_of(session: Session, job: Job) -> list[Candidate]:
     query = select(Candidate).where(Candidate.job_id == job.id).order_by(col(Candidate.position))
-    return list(session.exec(query))
+    return list(session.exec(query.execution_options(populate_existing=True)))
 
 
 def trials_of(session: Session, job: Job) -> list[Trial]:
     query = select(Trial).where(Trial.job_id == job.id).order_by(col(Trial.id))
-    return list(session.exec(query))
+    return list(session.exec(query.execution_options(populate_existing=True)))
+
+
+@contextmanager
+def job_lock(session: Session, job: Job) -> Iterator[Job]:
+    """Hold `job` against concurrent advances and cancels; refreshes it from the database.
+
+    The lock ends with the caller's commit (Postgres) or the block (SQLite), so
+    commit inside the block.
+    """
+    sqlite = session.get_bind().dialect.name == "sqlite"
+    if sqlite:
+        _sqlite_lock.acquire()
+    try:
+        query = select(Job).where(Job.id == job.id).with_for_update()
+        session.exec(query.execution_options(populate_existing=True)).one()
+        yield job
+    finally:
+        if sqlite:
+            _sqlite_lock.release()
+
+
+def slots_for(session: Session, job: Job, *, within_s: float = 60) -> int:
+    """Free slots for k-section: live runners able to run the job (GPU jobs: with a GPU)."""
+    able = [
+        r
+        for r in queue.live_runners(session, within_s=within_s)
+        if not job.requires_gpu or r.gpu_count > 0
+    ]
+    return max(1, len(able))
 
 
 def _queue(session: Session, job: Job, candidate: Candidate, evaluation: int, count: int) -> None:
@@ -52,25 +102,8 @@ def _close_or_extend(session: Session, job: Job, candidate: Candidate, trials: l
     return False
 
 
-def advance(session: Session, job: Job, slots: int) -> Plan:
-    """Move `job` one step: returns the planner's answer after queueing its picks."""
-    if JobStatus(job.status).finished:
-        return Plan(run=(), outcome=None)
-    candidates = candidates_of(session, job)
-    open_trials: dict[int, list[Trial]] = defaultdict(list)
-    for trial in trials_of(session, job):
-        if trial.status == TrialStatus.CANCELLED:
-            continue
-        candidate = next(c for c in candidates if c.id == trial.candidate_id)
-        if trial.evaluation > len(candidate.evaluations):
-            open_trials[candidate.id].append(trial)  # type: ignore[index]
-
-    running = {
-        c.id
-        for c in candidates
-        if c.id in open_trials and _close_or_extend(session, job, c, open_trials[c.id])  # type: ignore[index]
-    }
-    states = [
+def _states(candidates: list[Candidate], running: set[int | None]) -> list[CandidateState]:
+    return [
         CandidateState(
             version=c.version,
             testable=c.testable,
@@ -79,18 +112,57 @@ def advance(session: Session, job: Job, slots: int) -> Plan:
         )
         for c in candidates
     ]
-    step = plan(states, slots, find_fix=job.find_fix)
-    for index in step.run:
-        candidate = candidates[index]
-        _queue(session, job, candidate, len(candidate.evaluations) + 1, job.repeats)
-    if step.outcome is not None:
-        finish(session, job, step.outcome, candidates)
-    elif job.status == JobStatus.QUEUED:
-        job.status = JobStatus.RUNNING
-    job.updated_at = utcnow()
-    session.add(job)
-    session.commit()
-    return step
+
+
+def _with_note(base: str | None, note: str | None) -> str | None:
+    lines = [line for line in (base or "").splitlines() if REUSE_MARK not in line]
+    if note:
+        lines.append(note)
+    return "\n".join(lines) or None
+
+
+def advance(session: Session, job: Job, slots: int) -> Plan:
+    """Move `job` one step: returns the planner's answer after queueing its picks."""
+    with job_lock(session, job):
+        if JobStatus(job.status).finished:
+            return Plan(run=(), outcome=None)
+        candidates = candidates_of(session, job)
+        reuse.ensure_keys(session, job, candidates)
+        by_id = {c.id: c for c in candidates}
+        open_trials: dict[int, list[Trial]] = defaultdict(list)
+        for trial in trials_of(session, job):
+            if trial.status == TrialStatus.CANCELLED:
+                continue
+            candidate = by_id[trial.candidate_id]
+            if trial.evaluation > len(candidate.evaluations):
+                open_trials[trial.candidate_id].append(trial)
+
+        running: set[int | None] = {
+            c.id
+            for c in candidates
+            if c.id in open_trials and _close_or_extend(session, job, c, open_trials[c.id])  # type: ignore[index]
+        }
+        reused = False
+        while True:
+            step = plan(_states(candidates, running), slots, find_fix=job.find_fix)
+            # Copy what earlier jobs already know, then ask again with it.
+            if not any([reuse.try_reuse(session, job, candidates[i]) for i in step.run]):
+                break
+            reused = True
+        for index in step.run:
+            candidate = candidates[index]
+            _queue(session, job, candidate, len(candidate.evaluations) + 1, job.repeats)
+        if step.outcome is not None:
+            finish(session, job, step.outcome, candidates)
+        else:
+            if job.status == JobStatus.QUEUED:
+                job.status = JobStatus.RUNNING
+            if reused:
+                job.message = _with_note(job.message, reuse.note(session, candidates))
+        job.updated_at = utcnow()
+        session.add(job)
+        session.commit()
+        return step
 
 
 def finish(session: Session, job: Job, outcome: Outcome, candidates: list[Candidate]) -> None:
@@ -98,7 +170,7 @@ def finish(session: Session, job: Job, outcome: Outcome, candidates: list[Candid
         return None if index is None else candidates[index].version
 
     job.status = outcome.status
-    job.message = outcome.message
+    job.message = _with_note(outcome.message, reuse.note(session, candidates))
     job.finished_at = utcnow()
     job.result = {
         "status": outcome.status,
@@ -110,8 +182,32 @@ def finish(session: Session, job: Job, outcome: Outcome, candidates: list[Candid
     cancel_open_trials(session, job)
 
 
-def cancel_open_trials(session: Session, job: Job) -> None:
-    query = select(Trial).where(Trial.job_id == job.id, col(Trial.status) == TrialStatus.QUEUED)
-    for trial in session.exec(query):
-        trial.status = TrialStatus.CANCELLED
-        session.add(trial)
+def cancel_open_trials(session: Session, job: Job) -> int:
+    """Cancel the job's queued and leased trials; a leased one's runner gets 409 next.
+
+    One conditional UPDATE, so a trial completed meanwhile keeps its result.
+    """
+    stmt = (
+        update(Trial)
+        .where(
+            col(Trial.job_id) == job.id,
+            col(Trial.status).in_([TrialStatus.QUEUED, TrialStatus.LEASED]),
+        )
+        .values(status=TrialStatus.CANCELLED, lease_expires_at=None)
+        .execution_options(synchronize_session=False)
+    )
+    return session.exec(stmt).rowcount  # type: ignore[call-overload]
+
+
+def cancel(session: Session, job: Job, message: str = "cancelled on request") -> bool:
+    """Cancel an unfinished job and its open trials; False when it had already finished."""
+    with job_lock(session, job):
+        if JobStatus(job.status).finished:
+            return False
+        job.status = JobStatus.CANCELLED
+        job.message = _with_note(message, reuse.note(session, candidates_of(session, job)))
+        job.finished_at = job.updated_at = utcnow()
+        session.add(job)
+        cancel_open_trials(session, job)
+        session.commit()
+        return True

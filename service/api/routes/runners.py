@@ -1,0 +1,200 @@
+"""The runner protocol (runner tokens): register, lease, heartbeat, complete, return, leave.
+
+Every lease rule is service/queue.py's; this module maps its answers to HTTP:
+`StaleLease` is 409 (the runner kills its trial), an unknown trial or runner 404.
+"""
+
+import asyncio
+import secrets
+import time
+from typing import Annotated
+
+from fastapi import APIRouter, HTTPException, Query, Request, Response, status
+from fastapi.concurrency import run_in_threadpool
+from sqlalchemy.engine import Engine
+from sqlmodel import Session
+
+from runners.wire import (
+    Heartbeat,
+    HeartbeatAck,
+    Lease,
+    LeaseReturn,
+    RunnerRegister,
+    RunnerRegistered,
+    TrialReport,
+)
+from service import queue
+from service.api.deps import EngineDep, RunnerAuth, SessionDep, SettingsDep
+from service.api.schemas import CompleteAck, ReturnAck
+from service.models import Candidate, Job, Runner
+from service.scheduler import advance, slots_for
+from service.settings import Settings
+from service.trials import record_report, trial_spec
+
+router = APIRouter(tags=["runners"], dependencies=[RunnerAuth])
+
+POLL_S = 0.2
+MAX_WAIT_S = 60
+
+
+def _not_registered(runner_id: str) -> HTTPException:
+    return HTTPException(
+        status.HTTP_404_NOT_FOUND, detail=f"runner {runner_id} is not registered; register again"
+    )
+
+
+def _trial_missing(trial_id: int) -> HTTPException:
+    return HTTPException(status.HTTP_404_NOT_FOUND, detail=f"trial {trial_id} not found")
+
+
+def _stale(exc: queue.StaleLease) -> HTTPException:
+    return HTTPException(status.HTTP_409_CONFLICT, detail=str(exc))
+
+
+@router.post("/runners", status_code=status.HTTP_201_CREATED, response_model=RunnerRegistered)
+def register_runner(
+    body: RunnerRegister, session: SessionDep, settings: SettingsDep
+) -> RunnerRegistered:
+    """A runner joins with its capabilities; the answer names it and sets its lease timing."""
+    runner = Runner(
+        id=f"r-{secrets.token_hex(6)}",
+        name=body.name,
+        capabilities=body.capabilities.model_dump(mode="json"),
+        labels=dict(body.labels),
+        gpu_count=body.capabilities.gpu_count,
+    )
+    session.add(runner)
+    session.commit()
+    return RunnerRegistered(
+        runner_id=runner.id, lease_s=settings.lease_s, heartbeat_s=settings.heartbeat_s
+    )
+
+
+def _try_lease(engine: Engine, settings: Settings, runner_id: str) -> Lease | None:
+    with Session(engine) as session:
+        runner = queue.touch_runner(session, runner_id)
+        if runner is None or not runner.active:
+            raise _not_registered(runner_id)
+        trial = queue.claim(session, runner, lease_s=settings.lease_s)
+        if trial is None:
+            return None
+        job = session.get(Job, trial.job_id)
+        candidate = session.get(Candidate, trial.candidate_id)
+        assert job is not None and candidate is not None and trial.lease_expires_at is not None
+        return Lease(
+            trial=trial_spec(job, candidate, trial),
+            lease_expires_at=trial.lease_expires_at,
+            heartbeat_s=settings.heartbeat_s,
+        )
+
+
+@router.post(
+    "/runners/{runner_id}/lease",
+    response_model=Lease,
+    responses={
+        204: {"description": "no work within `wait` seconds"},
+        404: {"description": "register again"},
+    },
+)
+async def lease_trial(
+    runner_id: str,
+    request: Request,
+    engine: EngineDep,
+    settings: SettingsDep,
+    wait: Annotated[float, Query(ge=0, le=MAX_WAIT_S, description="long poll, seconds")] = 20,
+) -> Lease | Response:
+    """Long poll for a trial: the queue is polled every 0.2 s until a claim succeeds or
+    `wait` seconds pass (204). Async so that waiting runners hold no worker thread."""
+    deadline = time.monotonic() + wait
+    while True:
+        lease = await run_in_threadpool(_try_lease, engine, settings, runner_id)
+        if lease is not None:
+            return lease
+        left = deadline - time.monotonic()
+        if left <= 0 or await request.is_disconnected():
+            return Response(status_code=status.HTTP_204_NO_CONTENT)
+        await asyncio.sleep(min(POLL_S, left))
+
+
+@router.post(
+    "/trials/{trial_id}/heartbeat",
+    response_model=HeartbeatAck,
+    responses={409: {"description": "stale or cancelled: kill the trial"}},
+)
+def heartbeat(
+    trial_id: int, body: Heartbeat, session: SessionDep, settings: SettingsDep
+) -> HeartbeatAck:
+    """Extend the lease by lease_s. 409 when the lease is no longer this runner's."""
+    try:
+        trial = queue.heartbeat(
+            session, trial_id, body.runner_id, body.attempt, lease_s=settings.lease_s
+        )
+    except LookupError:
+        raise _trial_missing(trial_id) from None
+    except queue.StaleLease as exc:
+        raise _stale(exc) from None
+    queue.touch_runner(session, body.runner_id)
+    assert trial.lease_expires_at is not None
+    return HeartbeatAck(lease_expires_at=trial.lease_expires_at)
+
+
+@router.post(
+    "/trials/{trial_id}/complete",
+    response_model=CompleteAck,
+    responses={409: {"description": "stale lease: the result is not recorded"}},
+)
+def complete(
+    trial_id: int, report: TrialReport, session: SessionDep, settings: SettingsDep
+) -> CompleteAck:
+    """Record the runner's report (samples, verdict) and advance the job, in one request."""
+    if report.trial_id != trial_id:
+        raise HTTPException(
+            status.HTTP_422_UNPROCESSABLE_CONTENT,
+            detail=f"trial_id: the report is for trial {report.trial_id}, not {trial_id}",
+        )
+    if not report.runner_id:
+        raise HTTPException(
+            status.HTTP_422_UNPROCESSABLE_CONTENT, detail="runner_id: field required"
+        )
+    try:
+        trial = queue.finish(session, trial_id, report.runner_id, report.attempt)
+    except LookupError:
+        raise _trial_missing(trial_id) from None
+    except queue.StaleLease as exc:
+        raise _stale(exc) from None
+    job = session.get(Job, trial.job_id)
+    candidate = session.get(Candidate, trial.candidate_id)
+    assert job is not None and candidate is not None
+    verdict = record_report(session, job, candidate, trial, report)
+    queue.touch_runner(session, report.runner_id)
+    advance(session, job, slots_for(session, job, within_s=settings.runner_live_s))
+    return CompleteAck(verdict=verdict.value)
+
+
+@router.post(
+    "/trials/{trial_id}/return",
+    response_model=ReturnAck,
+    responses={409: {"description": "stale lease"}},
+)
+def return_trial(trial_id: int, body: LeaseReturn, session: SessionDep) -> ReturnAck:
+    """Give a lease back unfinished (the runner is stopping): queued again, no attempt used."""
+    try:
+        trial = queue.give_back(session, trial_id, body.runner_id, body.attempt)
+    except LookupError:
+        raise _trial_missing(trial_id) from None
+    except queue.StaleLease as exc:
+        raise _stale(exc) from None
+    return ReturnAck(trial_id=trial_id, status=trial.status)
+
+
+@router.delete(
+    "/runners/{runner_id}",
+    status_code=status.HTTP_204_NO_CONTENT,
+    responses={404: {"description": "no such runner"}},
+)
+def leave(runner_id: str, session: SessionDep) -> Response:
+    """The runner leaves; its leases go back to the queue."""
+    if session.get(Runner, runner_id) is None:
+        raise _not_registered(runner_id)
+    queue.release_runner(session, runner_id)
+    return Response(status_code=status.HTTP_204_NO_CONTENT)

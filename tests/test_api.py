@@ -1,0 +1,608 @@
+"""The REST API on SQLite and on Postgres: submission, the runner protocol, leases, reuse.
+
+No uv runs the repro here: a fake runner loop answers every lease over HTTP with a
+report drawn from the fixture's ground truth (1.0.6 and later leak), so these tests
+pin the service's exact path through a bisection. The real runner is tested elsewhere.
+"""
+
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import pytest
+from fastapi.testclient import TestClient
+from sqlalchemy import text
+from sqlmodel import Session
+
+from service.api import create_app
+from service.api.maintenance import tick
+from service.db import get_engine, upgrade
+from service.settings import Settings
+
+API = "/api/v1"
+MIB = 1024 * 1024
+SCRIPT = "import leakyfixture\nfor _ in range(40):\n    leakyfixture.step()\n"
+FIRST_LEAK = (1, 0, 6)
+# One runner: both bounds, binary search stepping over the untestable 1.0.4, confirmation.
+ONE_RUNNER_PATH = ["1.0.0", "1.0.9", "1.0.5", "1.0.7", "1.0.6", "1.0.5", "1.0.6"]
+
+
+# --------------------------------------------------------------------------- fixtures
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def db_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    if request.param == "sqlite":
+        return f"sqlite:///{tmp_path / 'api.db'}"
+    url = request.getfixturevalue("pg_url")
+    upgrade(url)
+    with get_engine(url).begin() as conn:  # one database per module: every test starts empty
+        conn.execute(
+            text("TRUNCATE memory_sample, trial, candidate, job, runner RESTART IDENTITY CASCADE")
+        )
+    return url
+
+
+@pytest.fixture
+def make_client(
+    db_url: str, tmp_path: Path, uv_cache: Path, monkeypatch: pytest.MonkeyPatch
+) -> Callable[..., Any]:
+    monkeypatch.setenv("UV_CACHE_DIR", str(uv_cache))
+
+    @contextmanager
+    def make(**overrides: Any) -> Iterator[TestClient]:
+        fields: dict[str, Any] = {
+            "database_url": db_url,
+            "data_dir": tmp_path / "data",
+            "cache_dir": tmp_path / "cache",
+            "reap_interval_s": 0,  # tests reap by calling tick(), unless they want the thread
+            **overrides,
+        }
+        with TestClient(create_app(Settings(**fields))) as client:
+            yield client
+
+    return make
+
+
+@pytest.fixture
+def client(make_client: Callable[..., Any]) -> Iterator[TestClient]:
+    with make_client() as client:
+        yield client
+
+
+# ---------------------------------------------------------------------------- helpers
+
+
+def body(index: str, **overrides: Any) -> dict[str, Any]:
+    return {
+        "package": "leakyfixture",
+        "range": "1.0.0..1.0.9",
+        "script": SCRIPT,
+        "index_url": index,
+        **overrides,
+    }
+
+
+def submit(client: TestClient, index: str, **overrides: Any) -> dict[str, Any]:
+    response = client.post(f"{API}/jobs", json=body(index, **overrides))
+    assert response.status_code == 201, response.text
+    return response.json()
+
+
+def job(client: TestClient, job_id: int) -> dict[str, Any]:
+    response = client.get(f"{API}/jobs/{job_id}")
+    assert response.status_code == 200, response.text
+    return response.json()
+
+
+def register(client: TestClient, name: str, gpus: int = 0) -> str:
+    capabilities = {
+        "gpus": [{"name": "H100", "memory_bytes": 80 << 30}] * gpus,
+        "memory_bytes": 64 << 30,
+        "cpus": 8,
+        "pythons": ["3.12"],
+    }
+    response = client.post(
+        f"{API}/runners",
+        json={"name": name, "capabilities": capabilities, "labels": {"site": "test"}},
+    )
+    assert response.status_code == 201, response.text
+    answer = response.json()
+    assert answer["runner_id"].startswith("r-")
+    return answer["runner_id"]
+
+
+def lease(client: TestClient, runner_id: str, wait: float = 0) -> dict[str, Any] | None:
+    response = client.post(f"{API}/runners/{runner_id}/lease", params={"wait": wait})
+    if response.status_code == 204:
+        return None
+    assert response.status_code == 200, response.text
+    return response.json()
+
+
+def series(leaks: bool) -> list[dict[str, Any]]:
+    """60 s at 2 Hz: +2 MiB/s for a leak, flat (with a little jitter) otherwise."""
+    return [
+        {"t": i * 0.5, "rss": int((500 + (i if leaks else 0) + (i * 7) % 5) * MIB)}
+        for i in range(121)
+    ]
+
+
+def report(held: dict[str, Any], runner_id: str) -> dict[str, Any]:
+    spec = held["trial"]
+    version = spec["env"]["version"]
+    leaks = tuple(int(p) for p in version.split(".")) >= FIRST_LEAK
+    return {
+        "trial_id": spec["trial_id"],
+        "attempt": spec["attempt"],
+        "runner_id": runner_id,
+        "env": {"ok": True, "freeze": [f"leakyfixture=={version}"], "resolution": "constrained"},
+        "exit_code": 0,
+        "duration_s": 60.0,
+        "log_tail": f"ran {version}\n",
+        "samples": series(leaks),
+    }
+
+
+def complete(client: TestClient, held: dict[str, Any], runner_id: str) -> Any:
+    trial_id = held["trial"]["trial_id"]
+    return client.post(f"{API}/trials/{trial_id}/complete", json=report(held, runner_id))
+
+
+def heartbeat(client: TestClient, held: dict[str, Any], runner_id: str) -> Any:
+    spec = held["trial"]
+    return client.post(
+        f"{API}/trials/{spec['trial_id']}/heartbeat",
+        json={"runner_id": runner_id, "attempt": spec["attempt"], "rss": 123},
+    )
+
+
+def drive(client: TestClient, runners: list[str]) -> list[list[str]]:
+    """Runners in lockstep: each leases one trial, then each completes its own. Rounds."""
+    rounds = []
+    while True:
+        held = [(r, got) for r in runners if (got := lease(client, r)) is not None]
+        if not held:
+            return rounds
+        rounds.append([got["trial"]["env"]["version"] for _, got in held])
+        for runner_id, got in held:
+            response = complete(client, got, runner_id)
+            assert response.status_code == 200, response.text
+
+
+def reap(client: TestClient) -> list[int]:
+    settings: Settings = client.app.state.settings  # type: ignore[attr-defined]
+    with Session(get_engine(settings.effective_database_url)) as session:
+        return tick(session, settings)
+
+
+# ----------------------------------------------------------------------------- submit
+
+
+def test_submit_creates_the_job_and_its_candidates(client: TestClient, fixture_index: str) -> None:
+    created = submit(client, fixture_index)
+    assert created["status"] == "running"
+    assert created["url"] == f"http://testserver{API}/jobs/{created['id']}"
+    shown = job(client, created["id"])
+    assert shown["job_id"] == created["id"]
+    assert (shown["package"], shown["range"], shown["status"]) == (
+        "leakyfixture",
+        "1.0.0..1.0.9",
+        "running",
+    )
+    rows = shown["candidates"]
+    assert [c["version"] for c in rows] == [f"1.0.{i}" for i in range(10)]
+    assert [c["version"] for c in rows if not c["testable"]] == ["1.0.4"]
+    assert [c["version"] for c in rows if c["yanked"]] == ["1.0.3"]
+    assert shown["progress"] == {
+        "candidates": 10,
+        "judged": 0,
+        "trials_done": 0,
+        "trials_running": 0,
+        "trials_queued": 1,  # one slot (no runner yet): the good bound first
+    }
+    assert shown["created_at"] and shown["finished_at"] is None
+
+
+def test_bad_range_is_refused_at_submit(client: TestClient, fixture_index: str) -> None:
+    response = client.post(f"{API}/jobs", json=body(fixture_index, range="1.0.0..9.9"))
+    assert response.status_code == 422
+    assert response.json() == {
+        "detail": "range: version 9.9 of leakyfixture does not exist; nearest: 1.0.8, 1.0.9"
+    }
+    response = client.post(f"{API}/jobs", json=body(fixture_index, range="1.0.7..1.0.2"))
+    assert response.json()["detail"] == (
+        "range: range is reversed: 1.0.7 is newer than 1.0.2; write OLD..NEW"
+    )
+    assert client.get(f"{API}/jobs").json()["total"] == 0
+
+
+@pytest.mark.parametrize(
+    ("change", "detail"),
+    [
+        ({"script": None}, "script: field required"),
+        (
+            {"memory_limit": "12X"},
+            "memory_limit: '12X' is not a positive size such as 4G, 512MiB, 1.5GB or a byte count",
+        ),
+        ({"script": "x = 1\n" * 200_000}, "script: the script is larger than 1 MiB"),
+        ({"range": "1.0.0"}, "range: '1.0.0' is not a range; write GOOD..BAD, e.g. 1.0.0..1.0.9"),
+        ({"repeats": 0}, "repeats: Input should be greater than or equal to 1"),
+    ],
+)
+def test_bad_fields_are_named(
+    client: TestClient, fixture_index: str, change: dict[str, Any], detail: str
+) -> None:
+    sent = {k: v for k, v in {**body(fixture_index), **change}.items() if v is not None}
+    response = client.post(f"{API}/jobs", json=sent)
+    assert response.status_code == 422
+    assert response.json() == {"detail": detail}
+
+
+def test_list_filters_and_pages(client: TestClient, fixture_index: str) -> None:
+    ids = [submit(client, fixture_index, reuse_verdicts=False)["id"] for _ in range(3)]
+    assert client.post(f"{API}/jobs/{ids[1]}/cancel").status_code == 200
+
+    page = client.get(f"{API}/jobs", params={"limit": 2}).json()
+    assert (page["total"], page["limit"], page["offset"]) == (3, 2, 0)
+    assert [j["id"] for j in page["items"]] == [ids[2], ids[1]]  # newest first
+    page = client.get(f"{API}/jobs", params={"limit": 2, "offset": 2}).json()
+    assert [j["id"] for j in page["items"]] == [ids[0]]
+    first = page["items"][0]
+    assert first["url"].endswith(f"/jobs/{ids[0]}")
+    assert (first["range"], first["status"]) == ("1.0.0..1.0.9", "running")
+
+    def listed(**params: Any) -> list[int]:
+        return [j["id"] for j in client.get(f"{API}/jobs", params=params).json()["items"]]
+
+    assert listed(status="cancelled") == [ids[1]]
+    assert listed(status="running") == [ids[2], ids[0]]
+    assert listed(package="LeakyFixture") == ids[::-1]  # PEP 503 names
+    assert listed(package="other") == []
+    response = client.get(f"{API}/jobs", params={"status": "lost"})
+    assert response.status_code == 422
+    assert response.json()["detail"].startswith("status: Input should be 'queued', 'running'")
+
+
+def test_unknown_ids_are_404(client: TestClient) -> None:
+    for path, what in [
+        ("jobs/99", "job 99"),
+        ("trials/7", "trial 7"),
+        ("trials/7/samples", "trial 7"),
+    ]:
+        response = client.get(f"{API}/{path}")
+        assert (response.status_code, response.json()) == (404, {"detail": f"{what} not found"})
+    assert client.post(f"{API}/jobs/99/cancel").status_code == 404
+    response = client.post(f"{API}/runners/r-nobody/lease", params={"wait": 0})
+    assert response.status_code == 404
+    assert response.json()["detail"] == "runner r-nobody is not registered; register again"
+
+
+# ------------------------------------------------------------------------ bisections
+
+
+def test_one_runner_bisects_over_http(client: TestClient, fixture_index: str) -> None:
+    runner = register(client, "solo")
+    started = time.monotonic()
+    assert lease(client, runner, wait=0) is None  # nothing queued yet: 204 at once
+    assert time.monotonic() - started < 1.0
+    created = submit(client, fixture_index)
+
+    rounds = drive(client, [runner])
+    assert [version for (version,) in rounds] == ONE_RUNNER_PATH
+    shown = job(client, created["id"])
+    assert shown["status"] == "found"
+    assert (shown["last_good"], shown["first_bad"]) == ("1.0.5", "1.0.6")
+    assert shown["skipped"] == ["1.0.4"] and shown["between"] == []
+    assert shown["trials"] == 7
+    assert shown["progress"] == {
+        "candidates": 10,
+        "judged": 5,
+        "trials_done": 7,
+        "trials_running": 0,
+        "trials_queued": 0,
+    }
+    assert shown["finished_at"] is not None
+    verdicts = {c["version"]: c["verdict"] for c in shown["candidates"] if c["verdict"]}
+    assert verdicts == {
+        "1.0.0": "clean",
+        "1.0.5": "clean",
+        "1.0.6": "leak",
+        "1.0.7": "leak",
+        "1.0.9": "leak",
+    }
+    assert not any(c["reused"] for c in shown["candidates"])
+    assert shown["dependency_diff"] == [
+        {"package": "leakyfixture", "last_good": "1.0.5", "first_bad": "1.0.6"}
+    ]
+    assert shown["message"] == (
+        "first bad is 1.0.6 and last good is 1.0.5, each confirmed by a second evaluation"
+    )
+
+    # The trial and its memory series, as a client reads them.
+    evidence = shown["evidence"][1]
+    assert evidence["version"] == "1.0.6"
+    trial_id = evidence["runs"][0]["trial"]
+    trial = client.get(f"{API}/trials/{trial_id}").json()
+    assert (trial["version"], trial["status"], trial["verdict"]) == ("1.0.6", "done", "leak")
+    assert (trial["runner_id"], trial["attempt"], trial["exit_code"]) == (runner, 1, 0)
+    assert trial["log_tail"] == "ran 1.0.6\n"
+    assert trial["analysis"]["host"]["verdict"] == "leak"
+    assert trial["started_at"] and trial["finished_at"] and trial["duration_s"] == 60.0
+    samples = client.get(f"{API}/trials/{trial_id}/samples").json()
+    assert samples["trial_id"] == trial_id
+    assert len(samples["samples"]) == 121
+    assert samples["samples"][2] == {
+        "t": 1.0,
+        "rss": (500 + 2 + 4) * MIB,
+        "anon": None,
+        "shared": None,
+        "gpu": None,
+        "step": None,
+    }
+
+
+def test_two_runners_take_two_candidates_at_a_time(client: TestClient, fixture_index: str) -> None:
+    runners = [register(client, "a"), register(client, "b")]
+    created = submit(client, fixture_index)
+    assert job(client, created["id"])["progress"]["trials_queued"] == 2  # both bounds at once
+
+    rounds = drive(client, runners)
+    # Each completion re-plans with the other runner's candidate still running, so the
+    # free slot goes to the largest gap left: the bounds, then two cuts of the range,
+    # then the boundary pair again.
+    assert rounds == [
+        ["1.0.0", "1.0.9"],
+        ["1.0.5", "1.0.2"],
+        ["1.0.7", "1.0.6"],
+        ["1.0.5", "1.0.6"],
+    ]
+    shown = job(client, created["id"])
+    assert shown["status"] == "found"
+    assert (shown["last_good"], shown["first_bad"]) == ("1.0.5", "1.0.6")
+
+
+def test_gpu_jobs_go_to_gpu_runners_only(client: TestClient, fixture_index: str) -> None:
+    cpus = [register(client, "cpu-1"), register(client, "cpu-2")]
+    gpu = register(client, "gpu-1", gpus=1)
+    created = submit(client, fixture_index, requires_gpu=True)
+    # One runner can run it, so one slot: the good bound alone.
+    assert job(client, created["id"])["progress"]["trials_queued"] == 1
+    assert all(lease(client, r) is None for r in cpus)
+    held = lease(client, gpu)
+    assert held is not None and held["trial"]["requires_gpu"] is True
+    assert held["trial"]["env"]["version"] == "1.0.0"
+
+
+# -------------------------------------------------------------------------- leases
+
+
+def test_stale_lease_is_refused_and_the_reaper_requeues(
+    make_client: Callable[..., Any], fixture_index: str
+) -> None:
+    with make_client(lease_s=0.3) as client:
+        old, new = register(client, "old"), register(client, "new")
+        created = submit(client, fixture_index)
+        held = lease(client, old)
+        assert held is not None and held["trial"]["attempt"] == 1
+        trial_id = held["trial"]["trial_id"]
+        ack = heartbeat(client, held, old)
+        assert ack.status_code == 200 and ack.json()["lease_expires_at"]
+
+        time.sleep(0.45)  # no heartbeat: the lease expires
+        assert reap(client) == [trial_id]
+        response = heartbeat(client, held, old)
+        assert response.status_code == 409
+        assert response.json() == {
+            "detail": f"trial {trial_id} is queued, not leased to runner {old} attempt 1"
+        }
+
+        again = lease(client, new)
+        assert again is not None
+        assert (again["trial"]["trial_id"], again["trial"]["attempt"]) == (trial_id, 2)
+        response = heartbeat(client, held, old)
+        assert response.status_code == 409
+        assert response.json()["detail"] == (
+            f"trial {trial_id} is leased to runner {new} attempt 2, not {old} attempt 1"
+        )
+        response = complete(client, held, old)
+        assert response.status_code == 409
+        assert response.json()["detail"] == (
+            f"trial {trial_id} is leased to runner {new} attempt 2, not {old} attempt 1"
+        )
+
+        assert complete(client, again, new).json() == {"verdict": "clean"}
+        trial = client.get(f"{API}/trials/{trial_id}").json()
+        assert (trial["status"], trial["runner_id"], trial["attempt"]) == ("done", new, 2)
+        assert job(client, created["id"])["progress"]["trials_done"] == 1
+
+
+def test_max_attempts_make_the_candidate_an_error(
+    make_client: Callable[..., Any], fixture_index: str
+) -> None:
+    with make_client(lease_s=0.2, max_attempts=2) as client:
+        runner = register(client, "flaky")
+        created = submit(client, fixture_index)
+        for attempt in (1, 2):
+            held = lease(client, runner)
+            assert held is not None and held["trial"]["attempt"] == attempt
+            time.sleep(0.3)
+            assert reap(client) == [held["trial"]["trial_id"]]
+        trial = client.get(f"{API}/trials/{held['trial']['trial_id']}").json()
+        assert (trial["status"], trial["verdict"]) == ("done", "error")
+        assert trial["error"] == f"lease expired 2 times (last runner {runner})"
+        shown = job(client, created["id"])
+        assert shown["candidates"][0]["verdict"] == "error"
+        assert shown["status"] == "error"
+        assert shown["message"] == (
+            "good bound 1.0.0 cannot be tested: "
+            "its evaluation failed (crash or infrastructure error)"
+        )
+        assert lease(client, runner) is None
+
+
+def test_the_maintenance_thread_reaps(make_client: Callable[..., Any], fixture_index: str) -> None:
+    with make_client(lease_s=0.2, reap_interval_s=0.05) as client:
+        runner = register(client, "gone")
+        submit(client, fixture_index)
+        held = lease(client, runner)
+        assert held is not None
+        path = f"{API}/trials/{held['trial']['trial_id']}"
+        deadline = time.monotonic() + 5
+        while client.get(path).json()["status"] != "queued":
+            assert time.monotonic() < deadline, "the reaper never requeued the trial"
+            time.sleep(0.05)
+
+
+def test_return_and_leave_requeue_without_using_an_attempt(
+    client: TestClient, fixture_index: str
+) -> None:
+    first, second = register(client, "first"), register(client, "second")
+    submit(client, fixture_index)
+    held = lease(client, first)
+    assert held is not None
+    trial_id = held["trial"]["trial_id"]
+    response = client.post(
+        f"{API}/trials/{trial_id}/return", json={"runner_id": first, "attempt": 1}
+    )
+    assert response.json() == {"trial_id": trial_id, "status": "queued"}
+    assert (
+        client.post(
+            f"{API}/trials/{trial_id}/return", json={"runner_id": first, "attempt": 1}
+        ).status_code
+        == 409
+    )
+
+    held = lease(client, second)
+    assert held is not None and held["trial"]["attempt"] == 1
+    assert client.delete(f"{API}/runners/{second}").status_code == 204
+    trial = client.get(f"{API}/trials/{trial_id}").json()
+    assert (trial["status"], trial["attempt"], trial["runner_id"]) == ("queued", 0, None)
+    assert client.post(f"{API}/runners/{second}/lease", params={"wait": 0}).status_code == 404
+    assert client.delete(f"{API}/runners/r-nobody").status_code == 404
+
+
+def test_complete_must_name_its_trial(client: TestClient, fixture_index: str) -> None:
+    runner = register(client, "r")
+    submit(client, fixture_index)
+    held = lease(client, runner)
+    assert held is not None
+    sent = report(held, runner) | {"trial_id": 999}
+    response = client.post(f"{API}/trials/{held['trial']['trial_id']}/complete", json=sent)
+    assert response.status_code == 422
+    assert response.json()["detail"].startswith("trial_id: the report is for trial 999")
+
+
+# --------------------------------------------------------------------------- cancel
+
+
+def test_cancel(client: TestClient, fixture_index: str) -> None:
+    runners = [register(client, "a"), register(client, "b")]
+    created = submit(client, fixture_index)
+    held = lease(client, runners[0])
+    assert held is not None
+    trial_id = held["trial"]["trial_id"]
+
+    response = client.post(f"{API}/jobs/{created['id']}/cancel")
+    assert response.status_code == 200
+    shown = response.json()
+    assert shown["status"] == "cancelled" and shown["finished_at"] is not None
+    assert shown["progress"]["trials_queued"] == 0 and shown["progress"]["trials_running"] == 0
+    assert client.get(f"{API}/trials/{trial_id + 1}").json()["status"] == "cancelled"
+
+    response = heartbeat(client, held, runners[0])
+    assert (response.status_code, response.json()) == (
+        409,
+        {"detail": f"trial {trial_id} was cancelled"},
+    )
+    assert complete(client, held, runners[0]).status_code == 409
+    assert lease(client, runners[1]) is None
+    response = client.post(f"{API}/jobs/{created['id']}/cancel")
+    assert (response.status_code, response.json()) == (
+        409,
+        {"detail": f"job {created['id']} has already finished (cancelled)"},
+    )
+
+
+# ---------------------------------------------------------------------------- reuse
+
+
+def test_verdicts_are_reused_by_a_later_identical_job(
+    client: TestClient, fixture_index: str
+) -> None:
+    runner = register(client, "solo")
+    first = submit(client, fixture_index)
+    drive(client, [runner])
+
+    second = submit(client, fixture_index)
+    assert second["status"] == "found"  # every verdict it needs is known: nothing queued
+    shown = job(client, second["id"])
+    assert (shown["last_good"], shown["first_bad"]) == ("1.0.5", "1.0.6")
+    assert shown["progress"]["trials_done"] + shown["progress"]["trials_queued"] == 0
+    reused = [c["version"] for c in shown["candidates"] if c["reused"]]
+    assert reused == ["1.0.0", "1.0.5", "1.0.6", "1.0.7", "1.0.9"]
+    assert shown["message"].splitlines()[-1] == (
+        f"verdicts of 1.0.0, 1.0.5, 1.0.6, 1.0.7, 1.0.9 reused from job {first['id']}"
+    )
+    assert lease(client, runner) is None
+
+    fresh = submit(client, fixture_index, reuse_verdicts=False)
+    assert fresh["status"] == "running"
+    shown = job(client, fresh["id"])
+    assert shown["progress"]["trials_queued"] == 1
+    assert not any(c["reused"] for c in shown["candidates"])
+    assert "reused" not in (shown["message"] or "")
+
+    # Different classifier-relevant policy (repeats): a different key, nothing reused.
+    other = submit(client, fixture_index, repeats=2)
+    assert other["status"] == "running"
+    assert not any(c["reused"] for c in job(client, other["id"])["candidates"])
+
+
+def test_partial_reuse_runs_only_what_is_unknown(client: TestClient, fixture_index: str) -> None:
+    runner = register(client, "solo")
+    first = submit(client, fixture_index)
+    for _ in range(2):  # judge both bounds, then stop
+        held = lease(client, runner)
+        assert held is not None
+        assert complete(client, held, runner).status_code == 200
+    assert client.post(f"{API}/jobs/{first['id']}/cancel").status_code == 200
+
+    second = submit(client, fixture_index)
+    shown = job(client, second["id"])
+    assert shown["status"] == "running"
+    assert [c["version"] for c in shown["candidates"] if c["reused"]] == ["1.0.0", "1.0.9"]
+    assert shown["message"] == f"verdicts of 1.0.0, 1.0.9 reused from job {first['id']}"
+    rounds = drive(client, [runner])
+    assert [version for (version,) in rounds] == ONE_RUNNER_PATH[2:]
+    shown = job(client, second["id"])
+    assert (shown["status"], shown["last_good"], shown["first_bad"]) == ("found", "1.0.5", "1.0.6")
+    assert shown["message"].splitlines()[-1] == (
+        f"verdicts of 1.0.0, 1.0.9 reused from job {first['id']}"
+    )
+
+
+def test_more_refusals_name_their_cause(
+    make_client: Callable[..., Any], fixture_index: str
+) -> None:
+    with make_client(public_url="https://bisect.example.com/") as client:
+        response = client.post(f"{API}/jobs", json=body(fixture_index, package="nosuchpackage"))
+        assert response.status_code == 422
+        assert response.json()["detail"].startswith(
+            "index_url: package 'nosuchpackage' not found on "
+        )
+        response = client.post(
+            f"{API}/jobs",
+            content=b"{not json",
+            headers={"content-type": "application/json"},
+        )
+        assert response.status_code == 422
+        assert response.json()["detail"].startswith("body: invalid JSON")
+        response = client.post(f"{API}/jobs", json={"script": "pass"})
+        assert response.json() == {"detail": "package: field required; range: field required"}
+        response = client.post(f"{API}/jobs", json=body(fixture_index, script="#" * (9 * MIB)))
+        assert response.status_code == 413
+        created = submit(client, fixture_index)
+        assert created["url"] == f"https://bisect.example.com{API}/jobs/{created['id']}"

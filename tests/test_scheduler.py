@@ -1,0 +1,303 @@
+"""The scheduler's service-side duties: job locking, slots, and verdict reuse (SQLite, Postgres)."""
+
+import threading
+from collections.abc import Iterator
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+from sqlalchemy import text
+from sqlalchemy.engine import Engine
+from sqlmodel import Session, col, select
+
+from service import reuse
+from service.api.maintenance import tick
+from service.db import make_engine, upgrade
+from service.models import Candidate, Job, JobStatus, Runner, Trial, TrialStatus, utcnow
+from service.scheduler import advance, cancel, cancel_open_trials, slots_for
+from service.settings import Settings
+from service.verdicts import Verdict
+
+VERSIONS = [f"1.0.{i}" for i in range(10)]
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def engine(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Engine]:
+    if request.param == "sqlite":
+        url = f"sqlite:///{tmp_path / 'scheduler.db'}"
+        upgrade(url)
+    else:
+        url = request.getfixturevalue("pg_url")
+        upgrade(url)
+    engine = make_engine(url)
+    if request.param == "postgres":
+        with engine.begin() as conn:
+            conn.execute(
+                text(
+                    "TRUNCATE memory_sample, trial, candidate, job, runner RESTART IDENTITY CASCADE"
+                )
+            )
+    yield engine
+    engine.dispose()
+
+
+@pytest.fixture
+def session(engine: Engine) -> Iterator[Session]:
+    with Session(engine) as session:
+        yield session
+
+
+def seed(session: Session, **fields: Any) -> Job:
+    values: dict[str, Any] = {
+        "package": "leakyfixture",
+        "good": VERSIONS[0],
+        "bad": VERSIONS[-1],
+        "script": "pass",
+        "script_sha256": "abc",
+        "constraints": ["leakyfixture==1.0.0", "numpy==2.0.0"],
+        **fields,
+    }
+    job = Job(**values)
+    session.add(job)
+    session.flush()
+    for position, version in enumerate(VERSIONS):
+        session.add(
+            Candidate(
+                job_id=job.id, position=position, version=version, testable=version != "1.0.4"
+            )
+        )
+    session.commit()
+    session.refresh(job)
+    return job
+
+
+def candidates(session: Session, job: Job) -> list[Candidate]:
+    query = select(Candidate).where(Candidate.job_id == job.id).order_by(col(Candidate.position))
+    return list(session.exec(query.execution_options(populate_existing=True)))
+
+
+def queued_versions(session: Session, job: Job) -> list[str]:
+    query = (
+        select(Candidate.version)
+        .join(Trial, col(Trial.candidate_id) == Candidate.id)
+        .where(Trial.job_id == job.id, Trial.status == TrialStatus.QUEUED)
+        .order_by(col(Trial.id))
+    )
+    return list(session.exec(query))
+
+
+def judge(session: Session, job: Job, leaks_from: str = "1.0.6") -> None:
+    """Finish every open trial of `job` as the fixture's ground truth says, then advance."""
+    while True:
+        query = select(Trial).where(Trial.job_id == job.id, Trial.status == TrialStatus.QUEUED)
+        open_trials = list(session.exec(query))
+        if not open_trials:
+            return
+        for trial in open_trials:
+            candidate = session.get(Candidate, trial.candidate_id)
+            assert candidate is not None
+            leaks = tuple(map(int, candidate.version.split("."))) >= tuple(
+                map(int, leaks_from.split("."))
+            )
+            trial.status = TrialStatus.DONE
+            trial.verdict = Verdict.LEAK if leaks else Verdict.CLEAN
+            trial.analysis = {"growth_mib": 40.0 if leaks else 0.5}
+            session.add(trial)
+        session.commit()
+        advance(session, job, 1)
+
+
+# ----------------------------------------------------------------------------- keys
+
+
+def key(session: Session, **fields: Any) -> str:
+    job = seed(session, **fields)
+    return reuse.reuse_key(job, candidates(session, job)[6])
+
+
+def test_reuse_key_covers_what_decides_a_verdict(session: Session) -> None:
+    base = key(session)
+    assert key(session) == base
+    # Same conditions written differently: the same key.
+    assert key(session, classifier={"warmup_fraction": 0.2}) == base  # the default, explicit
+    assert key(session, constraints=["numpy==2.0.0", "leakyfixture==1.0.2"]) == base  # own pin
+    assert key(session, requirements=["b", "a"]) == key(session, requirements=["a", "b"])
+    assert key(session, max_runs=5) == base  # only used to settle an inconclusive verdict
+    # Anything that can change the verdict: a different key.
+    for change in [
+        {"script_sha256": "def"},
+        {"python": "3.12"},
+        {"requirements": ["torch==2.3"]},
+        {"index_url": "http://other/simple"},
+        {"extra_index_urls": ["http://extra/simple"]},
+        {"constraints": ["numpy==1.26.4"]},
+        {"as_released": True},
+        {"pre": True},
+        {"classifier": {"min_growth_mib": 4.0}},
+        {"hardware_class": "gpu"},
+        {"requires_gpu": True},
+        {"timeout_s": 60.0},
+        {"memory_limit_bytes": 1 << 30},
+        {"repeats": 3},
+    ]:
+        assert key(session, **change) != base, change
+    job = seed(session)
+    rows = candidates(session, job)
+    assert reuse.reuse_key(job, rows[5]) != reuse.reuse_key(job, rows[6])
+
+
+# ---------------------------------------------------------------------------- reuse
+
+
+def test_keys_are_computed_lazily_and_reuse_needs_an_earlier_judged_job(session: Session) -> None:
+    first = seed(session)
+    assert all(c.reuse_key is None for c in candidates(session, first))
+    advance(session, first, 1)
+    assert all(c.reuse_key for c in candidates(session, first))
+    judge(session, first)
+    assert first.status == JobStatus.FOUND
+
+    second = seed(session)
+    plan = advance(session, second, 1)
+    assert plan.outcome is not None and plan.outcome.status == "found"
+    rows = {c.version: c for c in candidates(session, second)}
+    sources = {c.version: c for c in candidates(session, first)}
+    assert rows["1.0.5"].evaluations == ["clean", "clean"]
+    assert rows["1.0.6"].reused_from == sources["1.0.6"].id
+    assert rows["1.0.6"].growth_mib == 40.0
+    assert rows["1.0.2"].reused_from is None and rows["1.0.2"].evaluations == []
+    assert second.message is not None
+    assert second.message.splitlines() == [
+        "first bad is 1.0.6 and last good is 1.0.5, each confirmed by a second evaluation",
+        f"verdicts of 1.0.0, 1.0.5, 1.0.6, 1.0.7, 1.0.9 reused from job {first.id}",
+    ]
+    assert session.exec(select(Trial).where(Trial.job_id == second.id)).all() == []
+
+
+def test_a_later_job_is_never_a_source(session: Session) -> None:
+    older = seed(session)
+    newer = seed(session)
+    advance(session, newer, 1)
+    judge(session, newer)
+    advance(session, older, 1)
+    assert older.status == JobStatus.RUNNING
+    assert queued_versions(session, older) == ["1.0.0"]
+
+
+def test_errors_and_inconclusive_verdicts_are_not_reused(session: Session) -> None:
+    first = seed(session)
+    advance(session, first, 1)
+    (trial,) = session.exec(select(Trial).where(Trial.job_id == first.id)).all()
+    trial.status, trial.verdict = TrialStatus.DONE, Verdict.ERROR
+    session.add(trial)
+    session.commit()
+    advance(session, first, 1)
+    assert first.status == JobStatus.ERROR
+
+    second = seed(session)
+    advance(session, second, 1)
+    assert queued_versions(session, second) == ["1.0.0"]
+    assert all(c.reused_from is None for c in candidates(session, second))
+
+
+def test_reuse_verdicts_false_runs_everything_but_still_serves_later_jobs(
+    session: Session,
+) -> None:
+    first = seed(session)
+    advance(session, first, 1)
+    judge(session, first)
+    private = seed(session, reuse_verdicts=False)
+    advance(session, private, 1)
+    assert queued_versions(session, private) == ["1.0.0"]
+    judge(session, private)
+    later = seed(session)
+    advance(session, later, 1)
+    rows = {c.version: c for c in candidates(session, later)}
+    # The source with the most evaluations, then the newest: the private job's.
+    source = session.get(Candidate, rows["1.0.5"].reused_from)
+    assert source is not None and source.job_id == private.id
+
+
+# ----------------------------------------------------------------------- concurrency
+
+
+def test_concurrent_advances_queue_each_pick_once(engine: Engine, session: Session) -> None:
+    job = seed(session)
+    # Keys first: writing them would serialize the first advances by itself.
+    reuse.ensure_keys(session, job, candidates(session, job))
+    session.commit()
+    job_id = job.id  # read here: the main session is not for other threads
+    barrier = threading.Barrier(8, timeout=30)
+    errors: list[BaseException] = []
+
+    def worker() -> None:
+        try:
+            with Session(engine) as own:
+                mine = own.get(Job, job_id)
+                assert mine is not None
+                barrier.wait()
+                advance(own, mine, 2)
+        except BaseException as exc:  # noqa: BLE001 - reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=worker) for _ in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert errors == []
+    assert queued_versions(session, job) == ["1.0.0", "1.0.9"]
+
+
+def test_cancel_spares_finished_trials(session: Session) -> None:
+    job = seed(session)
+    advance(session, job, 3)
+    trials = session.exec(select(Trial).where(Trial.job_id == job.id).order_by(col(Trial.id))).all()
+    assert len(trials) == 3
+    trials[0].status, trials[0].verdict = TrialStatus.DONE, Verdict.CLEAN
+    trials[1].status, trials[1].runner_id, trials[1].attempt = TrialStatus.LEASED, "r-1", 1
+    session.add_all(trials)
+    session.commit()
+    assert cancel(session, job) is True
+    statuses = session.exec(
+        select(Trial.status).where(Trial.job_id == job.id).order_by(col(Trial.id))
+    ).all()
+    assert statuses == ["done", "cancelled", "cancelled"]
+    assert (job.status, job.message) == (JobStatus.CANCELLED, "cancelled on request")
+    assert cancel(session, job) is False
+    assert cancel_open_trials(session, job) == 0
+
+
+# ---------------------------------------------------------------------------- slots
+
+
+def test_slots_count_live_runners_able_to_run_the_job(session: Session) -> None:
+    cpu_job, gpu_job = seed(session), seed(session, requires_gpu=True)
+    assert slots_for(session, cpu_job) == 1  # nobody yet: still one
+    old = utcnow() - timedelta(minutes=5)
+    session.add_all(
+        [
+            Runner(id="r-a", name="a"),
+            Runner(id="r-b", name="b", gpu_count=2),
+            Runner(id="r-c", name="c", gpu_count=1),
+            Runner(id="r-gone", name="gone", gpu_count=1, active=False),
+            Runner(id="r-stale", name="stale", last_seen=old),
+        ]
+    )
+    session.commit()
+    assert slots_for(session, cpu_job) == 3
+    assert slots_for(session, gpu_job) == 2
+    assert slots_for(session, cpu_job, within_s=600) == 4
+
+
+def test_maintenance_advances_running_and_orphaned_jobs_only(session: Session) -> None:
+    in_flight = seed(session)  # its submit request is still setting it up
+    orphan = seed(session, created_at=utcnow() - timedelta(minutes=5))
+    running = seed(session)
+    advance(session, running, 1)
+    tick(session, Settings(reap_interval_s=0))
+    assert session.get(Job, in_flight.id).status == JobStatus.QUEUED  # type: ignore[union-attr]
+    assert session.get(Job, orphan.id).status == JobStatus.RUNNING  # type: ignore[union-attr]
+    assert queued_versions(session, orphan) == ["1.0.0"]
+    assert queued_versions(session, in_flight) == []
