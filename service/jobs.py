@@ -95,6 +95,8 @@ def create_job(
         memory_limit_bytes=request.memory_limit,
         sample_hz=request.sample_hz,
         requires_gpu=request.requires_gpu,
+        hardware_class="gpu" if request.requires_gpu else "cpu",
+        reuse_verdicts=request.reuse_verdicts,
         classifier=classifier or {},
         machine=machine,
         message=pins_note,

@@ -36,6 +36,10 @@ class JobCreate(BaseModel):
     )
     sample_hz: float = Field(default=10.0, gt=0, le=100)
     requires_gpu: bool = False
+    reuse_verdicts: bool = Field(
+        default=True,
+        description="reuse verdicts of earlier jobs judged under the same conditions",
+    )
 
     @field_validator("package")
     @classmethod

@@ -120,3 +120,55 @@ def test_rows_written(bisection) -> None:
         con.execute("select freeze from candidate where version = '1.0.6'").fetchone()[0]
     )
     assert freeze == ["leakyfixture==1.0.6"]
+
+
+def test_second_run_reuses_verdicts(
+    bisection, fixture_index: str, uv_cache: Path, tmp_path: Path
+) -> None:
+    """Same script, range, environment and classifier: judged candidates are not run again."""
+    _, db = bisection
+    args = [
+        "run",
+        str(EXAMPLE_REPRO),
+        "--package",
+        "leakyfixture",
+        "--range",
+        "1.0.0..1.0.9",
+        "--index-url",
+        fixture_index,
+        "--database-url",
+        f"sqlite:///{db}",
+        "--json",
+    ]
+    proc = cli(args, tmp_path, uv_cache)
+    assert proc.returncode == 0, proc.stderr
+    report = json.loads(proc.stdout)
+    assert (report["last_good"], report["first_bad"]) == ("1.0.5", "1.0.6")
+    assert report["trials"] == 0
+    reused = [c["version"] for c in report["candidates"] if c["reused"]]
+    assert reused == ["1.0.0", "1.0.5", "1.0.6", "1.0.7", "1.0.9"]
+    assert "reused from job 1" in report["message"]
+
+
+def test_no_reuse_runs_again(bisection, fixture_index: str, uv_cache: Path, tmp_path: Path) -> None:
+    _, db = bisection
+    args = [
+        "run",
+        str(EXAMPLE_REPRO),
+        "--package",
+        "leakyfixture",
+        "--range",
+        "1.0.5..1.0.6",
+        "--index-url",
+        fixture_index,
+        "--database-url",
+        f"sqlite:///{db}",
+        "--json",
+        "--no-reuse",
+    ]
+    proc = cli(args, tmp_path, uv_cache)
+    assert proc.returncode == 0, proc.stderr
+    report = json.loads(proc.stdout)
+    assert (report["last_good"], report["first_bad"]) == ("1.0.5", "1.0.6")
+    assert report["trials"] == 4
+    assert not any(c["reused"] for c in report["candidates"])

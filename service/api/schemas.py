@@ -4,19 +4,10 @@ service/schemas.py and runners/wire.py). Table models never go on the wire."""
 from datetime import datetime
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict
 
 from runners.wire import Sample
-from service.schemas import CandidatePublic, JobCreate
-
-
-class JobSubmit(JobCreate):
-    """`POST /jobs`: a JobCreate plus the service-only options."""
-
-    reuse_verdicts: bool = Field(
-        default=True,
-        description="reuse verdicts of earlier jobs judged under the same conditions",
-    )
+from service.schemas import CandidatePublic
 
 
 class JobCreated(BaseModel):

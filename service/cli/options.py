@@ -69,6 +69,14 @@ SampleHz = Annotated[
         help="Memory samples per second (50 per second for the first 30 s of a run).",
     ),
 ]
+Reuse = Annotated[
+    bool,
+    typer.Option(
+        "--reuse/--no-reuse",
+        help="Reuse verdicts of earlier jobs judged under the same conditions "
+        "(script, package, version, environment, classifier, hardware class).",
+    ),
+]
 Json = Annotated[bool, typer.Option("--json", help="Print one JSON object on stdout.")]
 DatabaseUrl = Annotated[
     str | None,

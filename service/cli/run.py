@@ -123,6 +123,7 @@ def run(
     timeout: o.Timeout = 600.0,
     memory_limit: o.MemoryLimit = None,
     sample_hz: o.SampleHz = 10.0,
+    reuse: o.Reuse = True,
     json_: o.Json = False,
     database_url: o.DatabaseUrl = None,
     example: Annotated[
@@ -172,6 +173,7 @@ def run(
             timeout_s=timeout,
             memory_limit=memory_limit,
             sample_hz=sample_hz,
+            reuse_verdicts=reuse,
         )
         try:
             find_python(request.python)

@@ -69,13 +69,7 @@ def submit(
     requires_gpu: Annotated[
         bool, typer.Option("--requires-gpu", help="Run only on runners with a GPU.")
     ] = False,
-    reuse: Annotated[
-        bool,
-        typer.Option(
-            "--reuse/--no-reuse",
-            help="Reuse verdicts of earlier jobs judged under the same conditions.",
-        ),
-    ] = True,
+    reuse: o.Reuse = True,
     wait: Annotated[
         bool,
         typer.Option(
@@ -118,8 +112,9 @@ def submit(
         memory_limit=memory_limit,
         sample_hz=sample_hz,
         requires_gpu=requires_gpu,
+        reuse_verdicts=reuse,
     )
-    payload = request.model_dump(mode="json") | {"reuse_verdicts": reuse}
+    payload = request.model_dump(mode="json")
     err = Console(stderr=True)
     client = make_client(server, token)
     with client, api_errors():

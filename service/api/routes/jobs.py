@@ -7,13 +7,14 @@ from sqlalchemy import func
 from sqlmodel import Session, col, select
 
 from service.api.deps import ClientAuth, SessionDep, SettingsDep
-from service.api.schemas import JobCreated, JobPage, JobPublic, JobSubmit, JobSummary
+from service.api.schemas import JobCreated, JobPage, JobPublic, JobSummary
 from service.index import IndexUnavailable
 from service.jobs import JobRejected, create_job
 from service.models import Job, JobStatus, TrialStatus
 from service.releases import RangeError
 from service.report import build_report
 from service.scheduler import advance, cancel, candidates_of, slots_for, trials_of
+from service.schemas import JobCreate
 from service.settings import Settings
 
 router = APIRouter(prefix="/jobs", tags=["jobs"], dependencies=[ClientAuth])
@@ -55,7 +56,7 @@ def job_public(session: Session, job: Job) -> dict[str, Any]:
     responses={422: {"description": "a bad field, or a range the index cannot serve"}},
 )
 def submit_job(
-    body: JobSubmit, request: Request, session: SessionDep, settings: SettingsDep
+    body: JobCreate, request: Request, session: SessionDep, settings: SettingsDep
 ) -> JobCreated:
     """Submit a bisection. Releases are listed here, so a bad range fails now with 422."""
     try:
@@ -68,10 +69,6 @@ def submit_job(
         ) from None
     except JobRejected as exc:
         raise HTTPException(status.HTTP_422_UNPROCESSABLE_CONTENT, detail=str(exc)) from None
-    job.hardware_class = "gpu" if body.requires_gpu else "cpu"
-    job.reuse_verdicts = body.reuse_verdicts
-    session.add(job)
-    session.commit()
     advance(session, job, slots_for(session, job, within_s=settings.runner_live_s))
     assert job.id is not None
     return JobCreated(id=job.id, url=job_url(request, settings, job.id), status=job.status)
