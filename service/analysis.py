@@ -274,9 +274,7 @@ def _clean_series(
     return tt[order], vv[order]
 
 
-def _step_index(
-    t: np.ndarray, steps: Sequence[tuple[float, int]]
-) -> tuple[np.ndarray, np.ndarray]:
+def _step_index(t: np.ndarray, steps: Sequence[tuple[float, int]]) -> tuple[np.ndarray, np.ndarray]:
     """The step each sample belongs to, or -1 for samples outside the marked loop.
 
     Step numbers are taken as printed (markers every k steps give per-step slopes
@@ -321,8 +319,11 @@ def _floors(
     fs = np.array([float(np.percentile(groups[b], settings.floor_percentile)) for b in keep])
     wide = np.array(
         [
-            float(np.percentile(np.concatenate(groups[max(b - 1, 0) : b + 2]),
-                                settings.floor_percentile))
+            float(
+                np.percentile(
+                    np.concatenate(groups[max(b - 1, 0) : b + 2]), settings.floor_percentile
+                )
+            )
             for b in keep
         ]
     )
@@ -461,7 +462,9 @@ def _classify_blocks(
         return _insufficient(
             f"too few samples to judge: {n} after warm-up, need at least {need}"
             + (f" over {s.min_blocks} steps" if per == "step" else ""),
-            unit, n, peak,
+            unit,
+            n,
+            peak,
         )
     n_blocks = min(max(n // s.block_samples, s.min_blocks), max_possible)
     fx, floors, wide = _floors(x, v, n_blocks, s)
@@ -469,7 +472,9 @@ def _classify_blocks(
         return _insufficient(
             f"too few usable blocks: {len(floors)} of {n_blocks} have "
             f"{s.min_block_samples}+ samples",
-            unit, n, peak,
+            unit,
+            n,
+            peak,
         )
 
     # Imported here: scipy.stats costs about a second, and the CLI's other commands don't judge.
@@ -626,24 +631,29 @@ def classify_run(
     if oom_killed:
         if leaking:
             name, a = leaking[0]
-            reason = a.reason if a.reason.startswith("killed by the memory cap") else (
-                f"killed by the memory cap; {name}: {a.reason}"
+            reason = (
+                a.reason
+                if a.reason.startswith("killed by the memory cap")
+                else (f"killed by the memory cap; {name}: {a.reason}")
             )
             return RunAnalysis(Verdict.LEAK, reason, host, gpu)
         return RunAnalysis(
             Verdict.ERROR,
             f"killed by the memory cap without a rising floor (host: {host.reason})",
-            host, gpu,
+            host,
+            gpu,
         )
     if timed_out:
         if leaking:
             name, a = leaking[0]
-            return RunAnalysis(Verdict.LEAK, f"timed out after {_fmt(duration)} s; {name}: "
-                               f"{a.reason}", host, gpu)
+            return RunAnalysis(
+                Verdict.LEAK, f"timed out after {_fmt(duration)} s; {name}: {a.reason}", host, gpu
+            )
         return RunAnalysis(
             Verdict.ERROR,
             f"timed out after {_fmt(duration)} s (host {host.verdict.value}: {host.reason})",
-            host, gpu,
+            host,
+            gpu,
         )
     if exit_code == SKIP_EXIT_CODE:
         return RunAnalysis(Verdict.SKIP, "skipped: the script exited 125", host, gpu)
@@ -654,7 +664,8 @@ def classify_run(
             return RunAnalysis(
                 Verdict.LEAK,
                 f"crashed ({status}) while leaking, likely out of memory; {name}: {a.reason}",
-                host, gpu,
+                host,
+                gpu,
             )
         return RunAnalysis(Verdict.ERROR, f"crash, {status}", host, gpu)
     verdict, reason = _combine(host, gpu)

@@ -150,7 +150,11 @@ def _sawtooth(t: np.ndarray, p: dict[str, float], rng: np.random.Generator) -> n
 
 
 def _profile(
-    scenario: str, t: np.ndarray, seconds: float, baseline: float, p: dict[str, float],
+    scenario: str,
+    t: np.ndarray,
+    seconds: float,
+    baseline: float,
+    p: dict[str, float],
     rng: np.random.Generator,
 ) -> np.ndarray:
     """The scenario's deterministic shape (MiB above the baseline), before noise."""
