@@ -66,7 +66,6 @@ def create_job(
     session: Session,
     request: JobCreate,
     *,
-    classifier: dict[str, Any] | None = None,
     machine: dict[str, Any] | None = None,
     cache_dir: Path | None = None,
 ) -> Job:
@@ -97,7 +96,7 @@ def create_job(
         requires_gpu=request.requires_gpu,
         hardware_class="gpu" if request.requires_gpu else "cpu",
         reuse_verdicts=request.reuse_verdicts,
-        classifier=classifier or {},
+        classifier=request.classifier,
         machine=machine,
         message=pins_note,
     )

@@ -36,6 +36,13 @@ class JobCreate(BaseModel):
     )
     sample_hz: float = Field(default=10.0, gt=0, le=100)
     requires_gpu: bool = False
+    # Leak thresholds of the classifier; None keeps its documented default.
+    min_growth_mib: float | None = Field(
+        default=None, gt=0, description="absolute floor growth that counts as a leak (MiB)"
+    )
+    min_growth_fraction: float | None = Field(
+        default=None, ge=0, description="relative floor growth that counts (of the baseline)"
+    )
     reuse_verdicts: bool = Field(
         default=True,
         description="reuse verdicts of earlier jobs judged under the same conditions",
@@ -84,6 +91,12 @@ class JobCreate(BaseModel):
     @classmethod
     def _memory_limit(cls, value: Any) -> int | None:
         return None if value is None else parse_size(value)
+
+    @property
+    def classifier(self) -> dict[str, float]:
+        """The classifier settings this job overrides."""
+        names = ("min_growth_mib", "min_growth_fraction")
+        return {n: getattr(self, n) for n in names if getattr(self, n) is not None}
 
     @property
     def bounds(self) -> tuple[str, str]:

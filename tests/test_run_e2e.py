@@ -172,3 +172,32 @@ def test_no_reuse_runs_again(bisection, fixture_index: str, uv_cache: Path, tmp_
     assert (report["last_good"], report["first_bad"]) == ("1.0.5", "1.0.6")
     assert report["trials"] == 4
     assert not any(c["reused"] for c in report["candidates"])
+
+
+def test_threshold_above_the_leak_fails_the_bad_bound(
+    fixture_index: str, uv_cache: Path, tmp_path: Path
+) -> None:
+    """--min-growth is a job setting: 40 MiB of growth is no leak under a 500 MiB threshold."""
+    args = [
+        "run",
+        str(EXAMPLE_REPRO),
+        "--package",
+        "leakyfixture",
+        "--range",
+        "1.0.5..1.0.6",
+        "--index-url",
+        fixture_index,
+        "--database-url",
+        f"sqlite:///{tmp_path / 'r.db'}",
+        "--json",
+        "--min-growth",
+        "500",
+        "--min-growth-fraction",
+        "0.5",
+    ]
+    proc = cli(args, tmp_path, uv_cache)
+    assert proc.returncode == 3, proc.stderr
+    report = json.loads(proc.stdout)
+    assert report["status"] == "bounds_failed"
+    assert report["message"] == "bad bound 1.0.6 does not leak (clean): nothing to bisect"
+    assert [c["verdict"] for c in report["candidates"]] == ["clean", "clean"]

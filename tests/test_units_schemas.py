@@ -41,6 +41,12 @@ def test_job_create_normalises() -> None:
     job = request(range=" 1.0.0 .. 1.0.9 ", memory_limit="1G")
     assert job.bounds == ("1.0.0", "1.0.9")
     assert job.memory_limit == 1024**3
+    assert job.classifier == {}
+
+
+def test_thresholds_become_classifier_settings() -> None:
+    job = request(min_growth_mib=64, min_growth_fraction=0.1)
+    assert job.classifier == {"min_growth_mib": 64, "min_growth_fraction": 0.1}
 
 
 @pytest.mark.parametrize(
@@ -51,6 +57,7 @@ def test_job_create_normalises() -> None:
         ({"script": "  "}, "script", "the script is empty"),
         ({"script": "x" * (1024 * 1024 + 1)}, "script", "the script is larger than 1 MiB"),
         ({"repeats": 0}, "repeats", "Input should be greater than or equal to 1"),
+        ({"min_growth_mib": 0}, "min_growth_mib", "Input should be greater than 0"),
     ],
 )
 def test_job_create_rejects(fields, loc, message) -> None:

@@ -23,6 +23,8 @@ FLAGS = {
     "timeout_s": "--timeout",
     "memory_limit": "--memory-limit",
     "sample_hz": "--sample-hz",
+    "min_growth_mib": "--min-growth",
+    "min_growth_fraction": "--min-growth-fraction",
 }
 
 

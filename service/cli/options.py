@@ -69,6 +69,23 @@ SampleHz = Annotated[
         help="Memory samples per second (50 per second for the first 30 s of a run).",
     ),
 ]
+MinGrowth = Annotated[
+    float | None,
+    typer.Option(
+        "--min-growth",
+        min=0.001,
+        help="MiB the memory floor must grow over a run to count as a leak (default 8).",
+    ),
+]
+MinGrowthFraction = Annotated[
+    float | None,
+    typer.Option(
+        "--min-growth-fraction",
+        min=0,
+        help="Growth as a fraction of the baseline floor that must also be exceeded "
+        "(default 0.05).",
+    ),
+]
 Reuse = Annotated[
     bool,
     typer.Option(

@@ -123,6 +123,8 @@ def run(
     timeout: o.Timeout = 600.0,
     memory_limit: o.MemoryLimit = None,
     sample_hz: o.SampleHz = 10.0,
+    min_growth: o.MinGrowth = None,
+    min_growth_fraction: o.MinGrowthFraction = None,
     reuse: o.Reuse = True,
     json_: o.Json = False,
     database_url: o.DatabaseUrl = None,
@@ -173,6 +175,8 @@ def run(
             timeout_s=timeout,
             memory_limit=memory_limit,
             sample_hz=sample_hz,
+            min_growth_mib=min_growth,
+            min_growth_fraction=min_growth_fraction,
             reuse_verdicts=reuse,
         )
         try:

@@ -69,6 +69,8 @@ def submit(
     requires_gpu: Annotated[
         bool, typer.Option("--requires-gpu", help="Run only on runners with a GPU.")
     ] = False,
+    min_growth: o.MinGrowth = None,
+    min_growth_fraction: o.MinGrowthFraction = None,
     reuse: o.Reuse = True,
     wait: Annotated[
         bool,
@@ -112,6 +114,8 @@ def submit(
         memory_limit=memory_limit,
         sample_hz=sample_hz,
         requires_gpu=requires_gpu,
+        min_growth_mib=min_growth,
+        min_growth_fraction=min_growth_fraction,
         reuse_verdicts=reuse,
     )
     payload = request.model_dump(mode="json")
