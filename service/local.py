@@ -11,7 +11,7 @@ from runners.nvml import GpuProbe
 from runners.trial import execute_trial
 from runners.wire import Sample
 from service.models import Candidate, Job, JobStatus, Trial, TrialStatus, utcnow
-from service.scheduler import advance, cancel_open_trials, candidates_of
+from service.scheduler import advance, cancel, candidates_of
 from service.trials import record_report, trial_spec
 from service.verdicts import Verdict
 
@@ -92,17 +92,7 @@ def run_job(
     except BaseException:
         # An interrupted run leaves a cancelled job, not one that looks alive forever.
         session.rollback()
-        job.status = JobStatus.CANCELLED
-        job.message = "interrupted"
-        job.finished_at = utcnow()
-        for trial in session.exec(
-            select(Trial).where(Trial.job_id == job.id, col(Trial.status) == TrialStatus.LEASED)
-        ):
-            trial.status = TrialStatus.CANCELLED
-            session.add(trial)
-        cancel_open_trials(session, job)
-        session.add(job)
-        session.commit()
+        cancel(session, job, "interrupted")
         raise
 
 

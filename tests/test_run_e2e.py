@@ -2,11 +2,14 @@
 
 import json
 import os
+import signal
 import sqlite3
 import subprocess
 import sys
+import time
 from pathlib import Path
 
+import psutil
 import pytest
 
 EXAMPLE_REPRO = Path(__file__).resolve().parents[1] / "service" / "example" / "repro.py"
@@ -201,3 +204,49 @@ def test_threshold_above_the_leak_fails_the_bad_bound(
     assert report["status"] == "bounds_failed"
     assert report["message"] == "bad bound 1.0.6 does not leak (clean): nothing to bisect"
     assert [c["verdict"] for c in report["candidates"]] == ["clean", "clean"]
+
+
+def test_interrupt_cancels_the_job_and_kills_the_trial(
+    fixture_index: str, uv_cache: Path, tmp_path: Path
+) -> None:
+    script = tmp_path / "slow.py"
+    pidfile = tmp_path / "child.pid"
+    script.write_text(
+        f"import os, time\nopen({str(pidfile)!r}, 'w').write(str(os.getpid()))\ntime.sleep(120)\n"
+    )
+    db = tmp_path / "r.db"
+    env = {
+        **os.environ,
+        "XDG_DATA_HOME": str(tmp_path / "data"),
+        "XDG_CACHE_HOME": str(tmp_path / "cache"),
+        "UV_CACHE_DIR": str(uv_cache),
+    }
+    args = [
+        "run",
+        str(script),
+        "--package",
+        "leakyfixture",
+        "--range",
+        "1.0.0..1.0.9",
+        "--index-url",
+        fixture_index,
+        "--database-url",
+        f"sqlite:///{db}",
+        "--json",
+    ]
+    proc = subprocess.Popen(CLI + args, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    deadline = time.monotonic() + 60
+    while not pidfile.exists() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert pidfile.exists(), "the trial never started"
+    child = int(pidfile.read_text())
+    proc.send_signal(signal.SIGINT)
+    _, stderr = proc.communicate(timeout=30)
+    assert proc.returncode == 130, stderr
+    assert stderr.decode().strip().endswith("interrupted: job cancelled")
+    con = sqlite3.connect(db)
+    assert con.execute("select status, message from job").fetchall() == [
+        ("cancelled", "interrupted")
+    ]
+    assert con.execute("select status from trial").fetchall() == [("cancelled",)]
+    assert not psutil.pid_exists(child) or psutil.Process(child).status() == psutil.STATUS_ZOMBIE
