@@ -1,0 +1,323 @@
+"""1. Classifier accuracy on seeded synthetic traces with a known ground truth.
+
+Every trace of `service.synthetic` is judged by four rules:
+
+- ours: `service.analysis.classify_series` with default `ClassifierSettings`
+  (LEAK is a leak; CLEAN and PLATEAU are "not leak"; INCONCLUSIVE is inconclusive);
+- "last - first > T" and "peak - first > T", the checks people do by hand;
+- an OLS slope test: `scipy.stats.linregress` p < 0.05 with a positive slope.
+
+The three alternatives are given every advantage that is cheap to give: the same
+warm-up is dropped before they look (the first `warmup_fraction` of the run, so the
+import ramp does not count against them) and T is our own threshold,
+max(min_growth_mib, min_growth_fraction x the first judged sample). They can only say
+leak or not; they never say "inconclusive".
+
+The minimum run length is found, not assumed: the leak scenarios are swept over run
+lengths, and the minimum is the shortest length from which detection stays >= 95 %.
+The accuracy table is then computed at that length (where the targets are checked)
+and at a short 2-minute run (what people try first).
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from concurrent.futures import ProcessPoolExecutor
+from typing import Any
+
+import numpy as np
+from scipy.stats import linregress
+
+from bench.common import MIB, Config, pct, table
+from service.analysis import ClassifierSettings, classify_series
+from service.synthetic import SCENARIOS, trace
+from service.verdicts import Verdict
+
+METHODS = ("ours", "last_first", "peak", "ols")
+LABELS = {
+    "ours": "leakbisect",
+    "last_first": "last − first > T",
+    "peak": "peak − first > T",
+    "ols": "OLS p < 0.05",
+}
+OUTCOMES = ("leak", "not_leak", "inconclusive")
+SCENARIO_TEXT = {
+    "flat": "flat, AR(1) noise",
+    "spikes": "checkpoint spikes (~300 MiB, freed)",
+    "sawtooth": "GC sawtooth",
+    "cache": "cache fills, then stops",
+    "late_step": "one late step",
+    "slow_leak": "slow leak (0.5 % of baseline/min)",
+    "fast_leak": "fast leak (20 %/min)",
+    "leak_spikes": "leak (10 %/min) + spikes",
+    "gpu_plateau": "GPU allocator plateau",
+}
+DETECTION_TARGET = 0.95
+FALSE_LEAK_TARGET = 0.01
+SHORT_RUN_MIN = 2.0
+
+SETTINGS = ClassifierSettings()
+
+
+def judge(t: np.ndarray, v: np.ndarray, s: ClassifierSettings = SETTINGS) -> dict[str, str]:
+    """Each method's outcome ("leak", "not_leak", "inconclusive") on one trace."""
+    verdict = classify_series(t, v, settings=s).verdict
+    if verdict is Verdict.LEAK:
+        ours = "leak"
+    elif verdict is Verdict.INCONCLUSIVE:
+        ours = "inconclusive"
+    else:
+        ours = "not_leak"
+    mib = np.asarray(v, dtype=float) / MIB
+    tt = np.asarray(t, dtype=float)
+    judged = tt >= tt[0] + s.warmup_fraction * (tt[-1] - tt[0])
+    x, y = tt[judged], mib[judged]
+    threshold = max(s.min_growth_mib, s.min_growth_fraction * y[0])
+    fit = linregress(x, y)
+    yes = {True: "leak", False: "not_leak"}
+    return {
+        "ours": ours,
+        "last_first": yes[bool(y[-1] - y[0] > threshold)],
+        "peak": yes[bool(y.max() - y[0] > threshold)],
+        "ols": yes[bool(fit.pvalue < 0.05 and fit.slope > 0)],
+    }
+
+
+def _batch(scenario: str, minutes: float, seeds: list[int]) -> dict[str, dict[str, int]]:
+    """Outcome counts per method over the traces with these seeds (a worker's job)."""
+    counts = {m: Counter() for m in METHODS}
+    for seed in seeds:
+        t, v = trace(scenario, seconds=minutes * 60.0, seed=seed)
+        for method, outcome in judge(t, v).items():
+            counts[method][outcome] += 1
+    return {m: {o: counts[m][o] for o in OUTCOMES} for m in METHODS}
+
+
+def _corpus(
+    pool: ProcessPoolExecutor, cells: list[tuple[str, float]], n: int, seed: int, workers: int
+) -> dict[tuple[str, float], dict[str, dict[str, int]]]:
+    """Outcome counts for every (scenario, minutes) cell, n seeded traces each."""
+    chunks = max(1, min(n, 2 * workers))
+    futures = {}
+    for cell in cells:
+        seeds = [seed * 100_000 + i for i in range(n)]
+        for k in range(chunks):
+            futures[(cell, k)] = pool.submit(_batch, cell[0], cell[1], seeds[k::chunks])
+    out: dict[tuple[str, float], dict[str, dict[str, int]]] = {}
+    for (cell, _), fut in futures.items():
+        part = fut.result()
+        acc = out.setdefault(cell, {m: dict.fromkeys(OUTCOMES, 0) for m in METHODS})
+        for m in METHODS:
+            for o in OUTCOMES:
+                acc[m][o] += part[m][o]
+    return out
+
+
+def wilson(k: int, n: int, z: float = 1.96) -> tuple[float, float]:
+    """95 % Wilson score interval of a rate k / n."""
+    if n == 0:
+        return 0.0, 1.0
+    p = k / n
+    centre = (p + z * z / (2 * n)) / (1 + z * z / n)
+    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
+    return max(0.0, centre - half), min(1.0, centre + half)
+
+
+def _rates(counts: dict[str, int]) -> dict[str, float]:
+    total = sum(counts.values())
+    return {o: counts[o] / total for o in OUTCOMES}
+
+
+def _minimum(sweep: dict[str, dict[float, dict[str, dict[str, int]]]], grid: list[float]):
+    """Per leak scenario: the shortest grid length from which our detection stays >= 95 %."""
+    found: dict[str, float | None] = {}
+    for scenario, by_len in sweep.items():
+        best = None
+        for minutes in sorted(grid, reverse=True):
+            if _rates(by_len[minutes]["ours"])["leak"] >= DETECTION_TARGET:
+                best = minutes
+            else:
+                break
+        found[scenario] = best
+    return found
+
+
+def _fmt_min(m: float | None) -> str:
+    return "not reached" if m is None else f"{m:g} min"
+
+
+def run(cfg: Config) -> dict[str, Any]:
+    n = cfg.pick(500, 20)
+    n_sweep = cfg.pick(300, 20)
+    grid = cfg.pick([1, 2, 4, 6, 8, 10, 11, 12, 13, 13.5, 14, 15, 17.5, 20], [2, 15, 20])
+    leaks = [s for s, truth in SCENARIOS.items() if truth == "leak"]
+    bounded = [s for s, truth in SCENARIOS.items() if truth == "bounded"]
+
+    with ProcessPoolExecutor(max_workers=cfg.workers) as pool:
+        cfg.log(f"classifier: sweeping run length for {leaks} ({n_sweep} traces per cell)")
+        cells = [(s, float(m)) for s in leaks for m in grid]
+        raw_sweep = _corpus(pool, cells, n_sweep, cfg.seed + 1, cfg.workers)
+        sweep = {s: {float(m): raw_sweep[(s, float(m))] for m in grid} for s in leaks}
+        minimum = _minimum(sweep, [float(m) for m in grid])
+        reached = [m for m in minimum.values() if m is not None]
+        # The documented minimum: the longest of the per-scenario minimums (all leaks
+        # detected from there), or the longest length tried when one never got there.
+        min_len = max(reached) if len(reached) == len(minimum) else float(max(grid))
+        lengths = sorted({min_len, SHORT_RUN_MIN})
+        cfg.log(f"classifier: {n} traces x {len(SCENARIOS)} scenarios at {lengths} min")
+        main = _corpus(pool, [(s, m) for s in SCENARIOS for m in lengths], n, cfg.seed, cfg.workers)
+
+    tables = []
+    cap_note = (
+        "Each cell: leak / not leak / inconclusive, % of traces. The alternatives drop the "
+        "same warm-up and use our threshold T = max(8 MiB, 5 % of the first judged sample) "
+        "(25 MiB for the 500 MiB baseline); they cannot say inconclusive."
+    )
+    targets_rows = []
+    misses = []
+    for minutes in lengths:
+        rows = []
+        for s in SCENARIOS:
+            c = main[(s, minutes)]
+            cells_ = []
+            for m in METHODS:
+                r = _rates(c[m])
+                cells_.append(" / ".join(pct(r[o]) for o in OUTCOMES))
+            rows.append([SCENARIO_TEXT[s], SCENARIOS[s], *cells_])
+        where = "the minimum run length" if minutes == min_len else "a short run"
+        tables.append(
+            table(
+                f"Classifier outcomes, {minutes:g}-minute runs ({where}), {n} traces per "
+                "scenario at 10 Hz",
+                ["scenario", "truth", *(LABELS[m] for m in METHODS)],
+                rows,
+                cap_note,
+            )
+        )
+    # Targets, at the minimum run length.
+    for s in SCENARIOS:
+        c = main[(s, min_len)]
+        if SCENARIOS[s] == "leak":
+            metric, target = "detection", f"≥ {DETECTION_TARGET:.0%}"
+            vals = {m: _rates(c[m])["leak"] for m in METHODS}
+            ok = {m: vals[m] >= DETECTION_TARGET for m in METHODS}
+        else:
+            metric, target = "false leak", f"≤ {FALSE_LEAK_TARGET:.0%}"
+            vals = {m: _rates(c[m])["leak"] for m in METHODS}
+            ok = {m: vals[m] <= FALSE_LEAK_TARGET for m in METHODS}
+        if not ok["ours"]:
+            misses.append(f"{s}: {metric} {pct(vals['ours'])} % (target {target})")
+        lo, hi = wilson(c["ours"]["leak"], sum(c["ours"].values()))
+        targets_rows.append(
+            [
+                SCENARIO_TEXT[s],
+                metric,
+                target,
+                *(f"{pct(vals[m])} {'✓' if ok[m] else '✗'}" for m in METHODS),
+                f"{pct(lo)}–{pct(hi)}",
+            ]
+        )
+    tables.append(
+        table(
+            f"Targets at the minimum run length ({min_len:g} min), {n} traces per scenario",
+            ["scenario", "metric", "target", *(LABELS[m] for m in METHODS), "leakbisect, 95 % CI"],
+            targets_rows,
+            "% of traces called LEAK; ✓ meets the target, ✗ misses it. The interval is the "
+            "Wilson 95 % interval of our rate over this many traces.",
+        )
+    )
+    sweep_rows = []
+    for m in grid:
+        row = [f"{m:g}"]
+        for s in leaks:
+            r = _rates(sweep[s][float(m)]["ours"])
+            row.append(f"{pct(r['leak'])} / {pct(r['inconclusive'])}")
+        slow = sweep["slow_leak"][float(m)] if "slow_leak" in sweep else None
+        if slow is not None:
+            row += [pct(_rates(slow[k])["leak"]) for k in ("last_first", "peak", "ols")]
+        sweep_rows.append(row)
+    tables.append(
+        table(
+            f"Run-length sweep: detection on the leak scenarios, {n_sweep} traces per cell",
+            [
+                "run (min)",
+                *(f"ours: {SCENARIO_TEXT[s]} (leak / inconclusive %)" for s in leaks),
+                *(f"slow leak, {LABELS[k]} (leak %)" for k in ("last_first", "peak", "ols")),
+            ],
+            sweep_rows,
+            "Minimum run length per scenario (detection ≥ 95 % from there on): "
+            + "; ".join(f"{SCENARIO_TEXT[s]} {_fmt_min(minimum[s])}" for s in leaks)
+            + ".",
+        )
+    )
+
+    worst_false = {m: max(_rates(main[(s, min_len)][m])["leak"] for s in bounded) for m in METHODS}
+    worst_detect = {m: min(_rates(main[(s, min_len)][m])["leak"] for s in leaks) for m in METHODS}
+
+    return {
+        "title": "1. Classifier accuracy",
+        "tables": tables,
+        "traces_per_scenario": n,
+        "traces_per_sweep_cell": n_sweep,
+        "grid_min": list(grid),
+        "lengths_min": lengths,
+        "min_run_length_min": min_len,
+        "min_run_length_reached": len(reached) == len(minimum),
+        "minimum_per_scenario": minimum,
+        "misses": misses,
+        "worst_false_leak": worst_false,
+        "worst_detection": worst_detect,
+        "main": {f"{s}@{m:g}": main[(s, m)] for (s, m) in main},
+        "sweep": {s: {f"{m:g}": sweep[s][m] for m in sweep[s]} for s in sweep},
+        "scenarios": dict(SCENARIOS),
+        "scenario_text": SCENARIO_TEXT,
+        "labels": LABELS,
+    }
+
+
+def notes(res: dict[str, Any]) -> list[str]:
+    """What the numbers say, from the stored results (so the text can be re-rendered)."""
+    main, sweep, labels = res["main"], res["sweep"], res["labels"]
+    min_len = res["min_run_length_min"]
+    minimum = res["minimum_per_scenario"]
+    worst_false = res["worst_false_leak"]
+
+    def rate(s: str, m: str, minutes: float, outcome: str = "leak") -> float:
+        return _rates(main[f"{s}@{minutes:g}"][m])[outcome]
+
+    slow = main[f"slow_leak@{min_len:g}"]["ours"]
+    lo, hi = wilson(slow["leak"], sum(slow.values()))
+    longer = [g for g in res["grid_min"] if g > min_len][:2]
+    margin = ""
+    if rate("slow_leak", "ours", min_len) < 0.98 and longer:
+        margin = ", so the target holds with little margin; the sweep gives " + " and ".join(
+            f"{pct(_rates(sweep['slow_leak'][f'{g:g}']['ours'])['leak'])} % at {g:g} min"
+            for g in longer
+        )
+    out = [
+        "False leaks on bounded scenarios, worst case at the minimum run length: "
+        f"{pct(worst_false['ours'])} % for leakbisect, against "
+        + ", ".join(f"{pct(worst_false[m])} % for {labels[m]}" for m in METHODS[1:])
+        + ". Caches, a late step and the GPU plateau fool every alternative on every trace; "
+        f"OLS also calls {pct(rate('flat', 'ols', min_len))} % of flat, noisy runs a leak "
+        "(autocorrelated samples make its p-value meaningless).",
+        f"Minimum run length without step markers: {min_len:g} minutes, set by the slow "
+        "leak (0.5 % of baseline per minute: T = 5 % of baseline needs 10 judged minutes, "
+        "12.5 with the 20 % warm-up, plus the slope's uncertainty). There, slow-leak "
+        f"detection is {pct(rate('slow_leak', 'ours', min_len))} % (95 % interval "
+        f"{pct(lo)}–{pct(hi)} %){margin}. Fast leaks are caught from "
+        f"{_fmt_min(minimum.get('fast_leak'))}, a leak under spikes from "
+        f"{_fmt_min(minimum.get('leak_spikes'))}.",
+        f"Below the minimum a slow leak is called CLEAN, not INCONCLUSIVE: at {SHORT_RUN_MIN:g} "
+        f"minutes {pct(rate('slow_leak', 'ours', SHORT_RUN_MIN, 'not_leak'))} % of slow-leak "
+        "runs are 'not leak'. The threshold says how much growth over the run counts; a leak "
+        "that grows less than T during the run is, by that definition, not one. Choose the "
+        "run length from the smallest leak that matters (T / rate, plus the warm-up).",
+        "The alternatives were given our warm-up and our threshold; with the very first "
+        "sample as 'first' (what a by-hand check does) the import ramp alone exceeds T on "
+        "every trace.",
+    ]
+    if res["misses"]:
+        out.insert(0, "**Targets missed by our classifier:** " + "; ".join(res["misses"]) + ".")
+    return out

@@ -1,0 +1,406 @@
+"""Turns the measurements' results into `benchmarks.md` and PNG plots under `bench/`.
+
+`write(results, out)` writes `out/benchmarks.md`, `out/bench/*.png` and
+`out/bench/results.json` (every number, for anyone who wants to re-plot). Every table is
+followed by the machine it ran on and the command that produced it.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+SECTIONS = ("classifier", "bisection", "envs", "sampler", "e2e")
+HEADINGS = {
+    "classifier": "## 1. Classifier accuracy",
+    "bisection": "## 2. Bisection cost",
+    "envs": "## 3. Environment build time",
+    "sampler": "## 4. Sampler overhead and fidelity",
+    "e2e": "## 5. End to end",
+}
+INTROS = {
+    "classifier": (
+        "Seeded traces from `service.synthetic` (10 Hz, 500 MiB baseline, AR(1) noise of "
+        "3 MiB with a 2 s correlation time, an import ramp at the start), judged by our "
+        "classifier (`service.analysis.classify_series`, default settings) and by the three "
+        "rules people use instead. The alternatives get the same warm-up dropped (the first "
+        "20 % of the run) and our own threshold T, so the comparison is about the decision "
+        "rule alone. The minimum run length is measured: the leak scenarios are swept over run "
+        "lengths, and the minimum is the shortest from which detection stays at or above "
+        "95 %; the targets are checked at that length."
+    ),
+    "bisection": (
+        "Simulated ranges with exact verdicts, so this measures the search alone. Our planner "
+        "spends two evaluations on the bounds (a good bound that already leaks, or a bad bound "
+        "that does not, is the most common way a bisection lies) and two on re-running the "
+        "boundary pair; plain binary search spends none on either and so cannot notice a wrong "
+        "bound or a flaky verdict. Slots buy wall time, not trials."
+    ),
+    "envs": (
+        "Per candidate, each arm into a fresh directory. `build_env` is what a runner does per "
+        "candidate (find the Python, `uv venv`, `uv pip install`, `uv pip freeze`); the "
+        "alternative is what a shell loop does: `python -m venv` then `pip install`."
+    ),
+    "sampler": (
+        "`runners.sampler.Sampler` reads RSS from `/proc` for every process of the tree at each "
+        "sample and re-lists the tree once a second. Overhead is its CPU time against the "
+        "workload's; fidelity is how soon a real leak of a known rate is called LEAK on the "
+        "live series."
+    ),
+    "e2e": (
+        "The whole local bisection of the offline fixture against the loop people write by "
+        "hand. The naive loop is this bash script, run as is:"
+    ),
+}
+
+
+def _md_table(t: dict[str, Any], footer: str) -> str:
+    lines = [f"**{t['caption']}**", ""]
+    lines.append("| " + " | ".join(t["headers"]) + " |")
+    lines.append("| " + " | ".join("---" for _ in t["headers"]) + " |")
+    for row in t["rows"]:
+        lines.append("| " + " | ".join(c.replace("|", "\\|") for c in row) + " |")
+    lines.append("")
+    if t.get("note"):
+        lines += [t["note"], ""]
+    lines += [footer, ""]
+    return "\n".join(lines)
+
+
+def _footer(sec: dict[str, Any]) -> str:
+    m = sec["machine"]
+    load = sec.get("load")
+    load_txt = f"; load average {load[0]:.2f} → {load[1]:.2f}" if load else ""
+    return (
+        f"<sub>Machine: {m['summary']}; {m['uv']}{load_txt}. "
+        f"Command: `{sec['command']}` ({sec['when']}, {sec['elapsed_s']:.0f} s).</sub>"
+    )
+
+
+# ---------------------------------------------------------------------------- plots
+
+
+def _plt():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def plot_classifier(sec: dict[str, Any], dest: Path) -> list[tuple[str, str]]:
+    plt = _plt()
+    figs = []
+    methods = list(sec["labels"])
+    length = sec["min_run_length_min"]
+    scen = list(sec["scenarios"])
+    fig, ax = plt.subplots(figsize=(11, 4.5))
+    width = 0.8 / len(methods)
+    for k, m in enumerate(methods):
+        ys = []
+        for s in scen:
+            c = sec["main"][f"{s}@{length:g}"][m]
+            ys.append(100.0 * c["leak"] / sum(c.values()))
+        xs = [i + (k - (len(methods) - 1) / 2) * width for i in range(len(scen))]
+        ax.bar(xs, ys, width, label=sec["labels"][m])
+    ax.set_xticks(range(len(scen)))
+    ax.set_xticklabels([f"{s}\n({sec['scenarios'][s]})" for s in scen], fontsize=8)
+    ax.axhline(95, color="grey", ls=":", lw=1)
+    ax.axhline(1, color="grey", ls=":", lw=1)
+    ax.set_ylabel("% of traces called LEAK")
+    ax.set_title(
+        f"Called LEAK, {length:g}-minute runs: false leaks on bounded scenarios, detection on leaks"
+    )
+    ax.legend(fontsize=8, ncol=4, loc="upper left")
+    ax.set_ylim(0, 105)
+    fig.tight_layout()
+    name = "classifier_rates.png"
+    fig.savefig(dest / name, dpi=110)
+    plt.close(fig)
+    figs.append((name, "Share of traces called LEAK per scenario and rule"))
+
+    fig, ax = plt.subplots(figsize=(8, 4.5))
+    grid = [float(g) for g in sec["grid_min"]]
+    slow = sec["sweep"]["slow_leak"]
+    for m in methods:
+        ys = [100.0 * slow[f"{g:g}"][m]["leak"] / sum(slow[f"{g:g}"][m].values()) for g in grid]
+        ax.plot(grid, ys, marker="o", label=f"{sec['labels'][m]}: LEAK")
+    ys = [
+        100.0 * slow[f"{g:g}"]["ours"]["inconclusive"] / sum(slow[f"{g:g}"]["ours"].values())
+        for g in grid
+    ]
+    ax.plot(grid, ys, ls="--", color="C0", alpha=0.6, label="leakbisect: inconclusive")
+    ax.axhline(95, color="grey", ls=":", lw=1)
+    ax.axvline(sec["minimum_per_scenario"].get("slow_leak") or grid[-1], color="C0", ls=":")
+    ax.set_xlabel("run length (minutes)")
+    ax.set_ylabel("% of slow-leak traces")
+    ax.set_title("Slow leak (0.5 % of baseline per minute): detection vs run length")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    name = "classifier_sweep.png"
+    fig.savefig(dest / name, dpi=110)
+    plt.close(fig)
+    figs.append((name, "Slow-leak detection against run length"))
+    return figs
+
+
+def plot_bisection(sec: dict[str, Any], dest: Path) -> list[tuple[str, str]]:
+    plt = _plt()
+    from matplotlib.ticker import NullFormatter, ScalarFormatter
+
+    sizes = sec["sizes"]
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4.2))
+    for key, res in sec["results"].items():
+        axes[0].plot(sizes, [res[str(n)]["trials_mean"] for n in sizes], marker="o", label=key)
+        axes[1].plot(
+            sizes,
+            [res[str(n)]["rounds_mean"] * sec["trial_s"] / 60 for n in sizes],
+            marker="o",
+            label=key,
+        )
+    axes[0].plot(sizes, [math.ceil(math.log2(n)) for n in sizes], "k--", label="ceil(log2 n)")
+    for ax, what in zip(axes, ("mean trials", "mean wall time (min)"), strict=True):
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.set_xticks(sizes)
+        ax.set_xticklabels([str(n) for n in sizes])
+        ax.set_xlabel("releases in the range")
+        ax.set_ylabel(what)
+        lo, hi = ax.get_ylim()
+        ax.set_yticks(
+            [y for y in (1, 2, 3, 5, 10, 20, 30, 50, 100, 200, 300, 500) if lo <= y <= hi]
+        )
+        ax.yaxis.set_major_formatter(ScalarFormatter())
+        ax.yaxis.set_minor_formatter(NullFormatter())
+    axes[0].legend(fontsize=7)
+    axes[1].set_title(f"one evaluation = {sec['trial_s'] / 60:g} min", fontsize=9)
+    fig.tight_layout()
+    name = "bisection.png"
+    fig.savefig(dest / name, dpi=110)
+    plt.close(fig)
+    return [(name, "Trials and simulated wall time against range size")]
+
+
+def plot_envs(sec: dict[str, Any], dest: Path) -> list[tuple[str, str]]:
+    import statistics
+
+    plt = _plt()
+    sets = list(sec["sets"])
+    arms = list(next(iter(sec["sets"].values())))
+    fig, ax = plt.subplots(figsize=(10, 4.2))
+    width = 0.8 / len(arms)
+    for k, arm in enumerate(arms):
+        ys = [statistics.median(sec["sets"][s][arm]) for s in sets]
+        xs = [i + (k - (len(arms) - 1) / 2) * width for i in range(len(sets))]
+        ax.bar(xs, ys, width, label=arm)
+    ax.set_xticks(range(len(sets)))
+    ax.set_xticklabels([s.split(" (")[0] for s in sets])
+    ax.set_yscale("log")
+    ax.set_ylabel("seconds per candidate (median, log scale)")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    name = "envs.png"
+    fig.savefig(dest / name, dpi=110)
+    plt.close(fig)
+    return [(name, "Environment build time per candidate")]
+
+
+PLOTS = {"classifier": plot_classifier, "bisection": plot_bisection, "envs": plot_envs}
+
+
+# ------------------------------------------------------------------------ headlines
+
+
+def headlines(results: dict[str, Any]) -> list[str]:
+    out = []
+    c = results.get("classifier")
+    if c:
+        f, d = c["worst_false_leak"], c["worst_detection"]
+        lab = c["labels"]
+        out.append(
+            f"**Classifier** ({c['traces_per_scenario']} traces per scenario, "
+            f"{c['min_run_length_min']:g}-minute runs): worst false-leak rate on a bounded "
+            f"scenario {100 * f['ours']:.1f} % for ours against "
+            + ", ".join(f"{100 * f[m]:.1f} % for {lab[m]}" for m in ("last_first", "peak", "ols"))
+            + f"; worst detection on a leak scenario {100 * d['ours']:.1f} % (ours) against "
+            + ", ".join(f"{100 * d[m]:.1f} %" for m in ("last_first", "peak", "ols"))
+            + "."
+        )
+        mins = c["minimum_per_scenario"]
+        out.append(
+            f"**Minimum run length**: {c['min_run_length_min']:g} minutes"
+            + ("" if c["min_run_length_reached"] else " (95 % not reached on the grid)")
+            + " without step markers, set by the slow leak (0.5 % of baseline per minute); "
+            + "; ".join(
+                f"{s} {'not reached' if v is None else f'{v:g} min'}" for s, v in mins.items()
+            )
+            + "."
+        )
+        if c["misses"]:
+            out.append("**Targets missed by our classifier**: " + "; ".join(c["misses"]) + ".")
+        else:
+            out.append(
+                "**Targets**: all met at the minimum run length (false leak ≤ 1 % on every "
+                "bounded scenario, detection ≥ 95 % on every leak scenario)."
+            )
+    b = results.get("bisection")
+    if b:
+        parts = []
+        for n in b["sizes"]:
+            r = b["results"]
+            ours = r["leakbisect planner (1 slot)"][str(n)]["trials_mean"]
+            lin = r["linear scan from the good end (1 slot)"][str(n)]["trials_mean"]
+            bs = r["binary search, no bound checks (1 slot)"][str(n)]["trials_mean"]
+            w1 = r["leakbisect planner (1 slot)"][str(n)]["rounds_mean"]
+            w4 = r["leakbisect planner (4 slots)"][str(n)]["rounds_mean"]
+            parts.append(
+                f"n = {n}: {ours:.1f} trials (ours, 1 slot) vs {lin:.1f} linear "
+                f"({lin / ours:.1f}x) vs {bs:.1f} plain binary; 4 slots cut wall time "
+                f"{w1 / w4:.1f}x"
+            )
+        out.append("**Bisection** (mean trials): " + "; ".join(parts) + ".")
+    e = results.get("envs")
+    if e:
+        parts = []
+        for label, h in e["headline"].items():
+            parts.append(
+                f"{label.split(' (')[0]}: uv warm {h['uv_warm']:.2f} s vs venv + pip "
+                f"{h['pip_cold']:.1f} s cold / {h['pip_warm']:.1f} s warm "
+                f"({h['pip_cold'] / h['uv_warm']:.0f}x / {h['pip_warm'] / h['uv_warm']:.0f}x); "
+                f"uv cold {h['uv_cold']:.2f} s"
+            )
+        out.append("**Environments** (median per candidate): " + "; ".join(parts) + ".")
+    s = results.get("sampler")
+    if s:
+        o = {(r["procs"], r["hz"]): r for r in s["overhead"]}
+        parts = []
+        for (procs, hz), r in sorted(o.items()):
+            parts.append(
+                f"{procs} proc @ {hz:g} Hz: {100 * r['sampler_cpu_s'] / r['wall_s']:.2f} % of a "
+                f"core ({100 * r['sampler_cpu_s'] / max(r['workload_cpu_s'], 1e-9):.1f} % of "
+                "the workload's CPU)"
+            )
+        det = []
+        for f in s["fidelity"]:
+            if not f["rate_mib_s"]:
+                continue
+            t = f["first_leak_s"]["ours"]
+            det.append(
+                f"{f['rate_mib_s']:g} MiB/s leak called after "
+                + (f"{t:.1f} s" if t is not None else f"> {f['max_s']:g} s")
+                + f" (floor {f['floor_s']:.1f} s)"
+            )
+        out.append("**Sampler**: " + "; ".join(parts) + ". " + "; ".join(det) + ".")
+    x = results.get("e2e")
+    if x:
+        runs = x["runs"]
+        main = [r for r in runs if r["repro"].startswith("bundled")]
+        cli = [r for r in main if r["how"].startswith("bisect-cli")]
+        naive = [r for r in main if r["how"].startswith("naive")]
+        if cli and naive:
+            naive_s = sum(r["wall_s"] for r in naive) / len(naive)
+            cli_s = sum(r["wall_s"] for r in cli) / len(cli)
+            out.append(
+                f"**End to end** (fixture, bundled repro): bisect-cli {cli_s:.0f} s on average "
+                f"over {len(cli)} run{'s' if len(cli) > 1 else ''} (cold uv cache "
+                f"{cli[0]['wall_s']:.0f} s), right in {sum(r['right'] for r in cli)} of "
+                f"{len(cli)} (answers: "
+                + ", ".join(r["answer"] or r["status"] for r in cli)
+                + f"); the naive venv + pip loop {naive_s:.0f} s on average "
+                f"({naive_s / cli_s:.1f}x bisect-cli's time), right in "
+                f"{sum(r['right'] for r in naive)} of {len(naive)} (answers: "
+                + ", ".join(r["answer"] or "none" for r in naive)
+                + ")."
+            )
+        other = [r for r in runs if not r["repro"].startswith("bundled")]
+        if other:
+            out.append(
+                "**End to end, repro stopped at 36 steps**: "
+                + "; ".join(
+                    f"{r['how'].split(':')[0]}: {r['answer'] or 'no answer'} "
+                    f"({'right' if r['right'] else 'not right'}"
+                    + (f": {r['message']}" if r.get("message") else "")
+                    + ")"
+                    for r in other
+                )
+                + "."
+            )
+    return out
+
+
+# --------------------------------------------------------------------------- write
+
+
+def render(results: dict[str, Any], images: dict[str, list[tuple[str, str]]]) -> str:
+    any_sec = next(iter(results.values()))
+    lines = [
+        "# Benchmarks",
+        "",
+        "Each measurement side by side with the alternative people use, in the same run. "
+        "Written by the benchmark harness in `bench/` (`uv run python -m bench`; "
+        "`--quick --out DIR` for the CI-sized run the tests exercise). Nothing here is a timed "
+        "test: the numbers are measured on the machine named under every table, which was "
+        "shared with other jobs while they ran (the load average is given).",
+        "",
+        f"- Machine: {any_sec['machine']['summary']}",
+        f"- Tools: {any_sec['machine']['uv']}",
+        f"- Code: {any_sec['machine'].get('revision', 'unknown')}",
+        f"- Command: `{any_sec['command']}`",
+        "",
+        "## Headlines",
+        "",
+    ]
+    lines += [f"- {h}" for h in headlines(results)]
+    lines.append("")
+    for key in SECTIONS:
+        lines += [HEADINGS[key], ""]
+        sec = results.get(key)
+        if sec is None:
+            lines += ["Not measured in this run.", ""]
+            continue
+        lines += [INTROS[key], ""]
+        notes = importlib.import_module(f"bench.{key}").notes(sec)
+        if notes:
+            lines += ["What it shows:", ""]
+            lines += [f"- {n}" for n in notes]
+            lines.append("")
+        if key == "e2e":
+            lines += ["```bash", sec["naive_loop_script"].rstrip(), "```", ""]
+        footer = _footer(sec)
+        for t in sec["tables"]:
+            lines.append(_md_table(t, footer))
+        for name, alt in images.get(key, []):
+            lines += [f"![{alt}](bench/{name})", ""]
+    lines += [
+        "## Reproduce",
+        "",
+        "```console",
+        "uv sync                                      # matplotlib is in the dev group",
+        "uv run python -m bench                       # all five, writes docs/benchmarks.md",
+        "uv run python -m bench --only envs,e2e       # some, merged into the last results",
+        "uv run python -m bench --quick --out /tmp/b  # CI-sized",
+        "uv run python -m bench --render              # rewrite the text and plots only",
+        "```",
+        "",
+        "Raw numbers: `bench/results.json` next to this file.",
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def write(results: dict[str, Any], out: Path) -> Path:
+    out = Path(out)
+    img = out / "bench"
+    img.mkdir(parents=True, exist_ok=True)
+    images: dict[str, list[tuple[str, str]]] = {}
+    for key, fn in PLOTS.items():
+        if key in results:
+            images[key] = fn(results[key], img)
+    (img / "results.json").write_text(json.dumps(results, indent=1, default=str) + "\n")
+    md = out / "benchmarks.md"
+    md.write_text(render(results, images))
+    return md
