@@ -149,6 +149,11 @@ def render_report(console: Console, report: dict[str, Any], curves: dict[int, li
     console.print(headline)
     if report.get("message"):
         console.print(report["message"])
+    if status == "bounds_failed" and "does not leak" in (report.get("message") or ""):
+        console.print(
+            "hint: a leak that grows less than the threshold during one run counts as clean; "
+            "run the repro longer (more steps) or lower --min-growth"
+        )
 
     table = Table(title="candidates", title_justify="left")
     for name in ("version", "verdict", "trials", "growth MiB", "notes"):
