@@ -1,0 +1,55 @@
+"""The text report drawn from the report dict."""
+
+import io
+
+from rich.console import Console
+
+from service.cli.display import render_report, sparkline
+
+
+def report(**fields) -> dict:
+    base = {
+        "status": "found",
+        "find_fix": False,
+        "package": "leakyfixture",
+        "message": None,
+        "last_good": "1.0.5",
+        "first_bad": "1.0.6",
+        "candidates": [],
+        "evidence": [],
+        "dependency_diff": [],
+        "machine": None,
+        "reproduce": None,
+    }
+    return {**base, **fields}
+
+
+def text(rep: dict) -> str:
+    out = io.StringIO()
+    render_report(Console(file=out, width=200, no_color=True), rep, {})
+    return out.getvalue()
+
+
+def test_found_headline() -> None:
+    assert text(report()).splitlines()[0] == "leakyfixture: first bad is 1.0.6, last good is 1.0.5"
+
+
+def test_find_fix_headline() -> None:
+    rep = report(find_fix=True, last_bad="2.0", first_good="2.1")
+    assert text(rep).splitlines()[0] == "leakyfixture: first good is 2.1, last bad is 2.0"
+
+
+def test_clean_bad_bound_gets_a_hint() -> None:
+    message = "bad bound 1.0.6 does not leak (clean): nothing to bisect"
+    lines = text(report(status="bounds_failed", message=message)).splitlines()
+    assert lines[:3] == [
+        "leakyfixture: bounds failed",
+        message,
+        "hint: a leak that grows less than the threshold during one run counts as clean; run "
+        "the repro longer (more steps) or lower --min-growth",
+    ]
+
+
+def test_sparkline_shows_floors() -> None:
+    assert sparkline([0, 1, 2, 3, 4, 5, 6, 7], width=8) == "▁▂▃▄▅▆▇█"
+    assert sparkline([]) == ""
