@@ -132,6 +132,8 @@ class Trial(SQLModel, table=True):
     cap_method: str | None = None
     duration_s: float | None = None
     env_seconds: float | None = None
+    # The running trial's memory as of its last heartbeat, for progress displays.
+    rss: int | None = Field(default=None, sa_column=Column(BigInteger))
     log_tail: str | None = Field(default=None, sa_column=Column(Text))
     gpu_source: str | None = None
     verdict: str | None = None

@@ -145,11 +145,12 @@ def heartbeat(
     attempt: int,
     *,
     lease_s: float,
+    rss: int | None = None,
     now: datetime | None = None,
 ) -> Trial:
-    """Extend the lease to now + lease_s."""
+    """Extend the lease to now + lease_s, noting the trial's current memory."""
     deadline = (now or utcnow()) + timedelta(seconds=lease_s)
-    _checked(session, trial_id, runner_id, attempt, {"lease_expires_at": deadline})
+    _checked(session, trial_id, runner_id, attempt, {"lease_expires_at": deadline, "rss": rss})
     session.commit()
     return _load(session, trial_id)
 

@@ -202,6 +202,7 @@ def test_submit_creates_the_job_and_its_candidates(client: TestClient, fixture_i
         "trials_done": 0,
         "trials_running": 0,
         "trials_queued": 1,  # one slot (no runner yet): the good bound first
+        "running": [],
     }
     assert shown["created_at"] and shown["finished_at"] is None
 
@@ -303,6 +304,7 @@ def test_one_runner_bisects_over_http(client: TestClient, fixture_index: str) ->
         "trials_done": 7,
         "trials_running": 0,
         "trials_queued": 0,
+        "running": [],
     }
     assert shown["finished_at"] is not None
     verdicts = {c["version"]: c["verdict"] for c in shown["candidates"] if c["verdict"]}
@@ -390,6 +392,10 @@ def test_stale_lease_is_refused_and_the_reaper_requeues(
         trial_id = held["trial"]["trial_id"]
         ack = heartbeat(client, held, old)
         assert ack.status_code == 200 and ack.json()["lease_expires_at"]
+        running = client.get(f"{API}/jobs/{created['id']}").json()["progress"]["running"]
+        assert running == [
+            {"trial": trial_id, "version": "1.0.0", "runner": old, "attempt": 1, "rss": 123}
+        ]
 
         time.sleep(0.45)  # no heartbeat: the lease expires
         assert reap(client) == [trial_id]

@@ -53,3 +53,28 @@ def test_clean_bad_bound_gets_a_hint() -> None:
 def test_sparkline_shows_floors() -> None:
     assert sparkline([0, 1, 2, 3, 4, 5, 6, 7], width=8) == "▁▂▃▄▅▆▇█"
     assert sparkline([]) == ""
+
+
+def test_submit_progress_shows_the_running_trial_memory() -> None:
+    from service.cli.display import JobProgress
+
+    out = io.StringIO()
+    console = Console(file=out, width=200, no_color=True)
+    progress = JobProgress(console, live=False)
+    progress.report = {
+        "package": "leakyfixture",
+        "status": "running",
+        "candidates": [
+            {"version": "1.0.0", "verdict": "clean", "testable": True, "trials": 1},
+            {"version": "1.0.9", "verdict": None, "testable": True, "trials": 0},
+        ],
+        "progress": {
+            "running": [
+                {"trial": 2, "version": "1.0.9", "runner": "r-1", "attempt": 1, "rss": 12 * 2**20}
+            ]
+        },
+    }
+    console.print(progress._render())
+    lines = out.getvalue().splitlines()
+    assert lines[1] == " C  ▶ "
+    assert lines[2] == "running 1.0.9 (trial 2, r-1)   rss     12.0 MiB"

@@ -4,7 +4,7 @@ service/schemas.py and runners/wire.py). Table models never go on the wire."""
 from datetime import datetime
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field
 
 from runners.wire import Sample
 from service.schemas import CandidatePublic
@@ -37,12 +37,21 @@ class JobPage(BaseModel):
     offset: int
 
 
+class RunningTrial(BaseModel):
+    trial: int
+    version: str
+    runner: str | None
+    attempt: int
+    rss: int | None = Field(description="bytes at the last heartbeat; None before the first")
+
+
 class Progress(BaseModel):
     candidates: int
     judged: int
     trials_done: int
     trials_running: int
     trials_queued: int
+    running: list[RunningTrial] = Field(default_factory=list)
 
 
 class JobPublic(BaseModel):

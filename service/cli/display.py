@@ -246,16 +246,24 @@ class JobProgress:
     def _render(self) -> Group:
         report = self.report or {}
         rows = report.get("candidates") or []
+        running = (report.get("progress") or {}).get("running") or []
+        busy = {r["version"] for r in running}
         row = Text()
         for c in rows:
-            row.append_text(cell(c["verdict"], c["testable"], False))
+            row.append_text(cell(c["verdict"], c["testable"], c["version"] in busy))
         span = f"{rows[0]['version']} … {rows[-1]['version']}" if rows else report.get("range", "")
         elapsed = time.monotonic() - self.started
         status = (
             f"{report.get('package', '')} {span}   {report.get('status', '')}   "
             f"{_progress_text(report)}   elapsed: {elapsed:5.0f}s"
         )
-        return Group(Text(status), row)
+        lines = [Text(status), row]
+        for r in running:
+            memory = "" if r.get("rss") is None else f"   rss {r['rss'] / 2**20:8.1f} MiB"
+            lines.append(
+                Text(f"running {r['version']} (trial {r['trial']}, {r['runner']}){memory}")
+            )
+        return Group(*lines)
 
     def update(self, report: dict[str, Any]) -> None:
         self.report = report

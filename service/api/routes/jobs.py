@@ -43,6 +43,17 @@ def job_public(session: Session, job: Job) -> dict[str, Any]:
         "trials_done": count[TrialStatus.DONE],
         "trials_running": count[TrialStatus.LEASED],
         "trials_queued": count[TrialStatus.QUEUED],
+        "running": [
+            {
+                "trial": t.id,
+                "version": next(c.version for c in candidates if c.id == t.candidate_id),
+                "runner": t.runner_id,
+                "attempt": t.attempt,
+                "rss": t.rss,
+            }
+            for t in trials
+            if t.status == TrialStatus.LEASED
+        ],
     }
     report["created_at"] = job.created_at
     report["finished_at"] = job.finished_at

@@ -127,7 +127,7 @@ def heartbeat(
     """Extend the lease by lease_s. 409 when the lease is no longer this runner's."""
     try:
         trial = queue.heartbeat(
-            session, trial_id, body.runner_id, body.attempt, lease_s=settings.lease_s
+            session, trial_id, body.runner_id, body.attempt, lease_s=settings.lease_s, rss=body.rss
         )
     except LookupError:
         raise _trial_missing(trial_id) from None
