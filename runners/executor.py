@@ -31,9 +31,12 @@ thread with every sample (for live displays); keep it quick.
 from __future__ import annotations
 
 import contextlib
+import ctypes
+import functools
 import os
 import signal
 import subprocess
+import sys
 import threading
 import time
 from collections import deque
@@ -150,6 +153,22 @@ def _kill_group(pgid: int) -> None:
         os.killpg(pgid, signal.SIGKILL)
 
 
+_PR_SET_PDEATHSIG = 1
+
+
+def _in_child(join_cap: Callable[[], None] | None) -> None:
+    """Runs in the forked child before exec: join the memory cap, and die with the runner.
+
+    The script has its own session (so the tree can be killed as a group), which also
+    means nothing kills it when the runner is SIGKILLed; PDEATHSIG does.
+    """
+    if join_cap is not None:
+        join_cap()
+    if sys.platform == "linux":
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+
+
 def run_script(
     python: str,
     script: Path,
@@ -188,7 +207,7 @@ def run_script(
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             start_new_session=True,
-            preexec_fn=cap.preexec if cap.path is not None else None,
+            preexec_fn=functools.partial(_in_child, cap.preexec if cap.path is not None else None),
         )
         pgid = proc.pid  # session leader: its pid is the group id
         sampler = Sampler(

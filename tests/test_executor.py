@@ -1,6 +1,7 @@
 """run_script with real child processes, real sampling and the real memory cap of this machine."""
 
 import os
+import subprocess
 import sys
 import textwrap
 import time
@@ -310,3 +311,33 @@ def test_env_is_complete_environment(tmp_path):
         PY, script, cwd=tmp_path, timeout_s=30, memory_limit_bytes=256 * MiB, env={"ONLY": "yes"}
     )
     assert ex.log_tail == "yes 1\n"
+
+
+def test_script_dies_with_a_killed_runner(tmp_path: Path) -> None:
+    """A runner SIGKILLed mid-trial leaves no script running (PDEATHSIG)."""
+    pidfile = tmp_path / "script.pid"
+    script = tmp_path / "sleepy.py"
+    script.write_text(
+        f"import os, time\nopen({str(pidfile)!r}, 'w').write(str(os.getpid()))\ntime.sleep(120)\n"
+    )
+    runner = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import sys; from pathlib import Path; from runners.executor import run_script; "
+            f"run_script(sys.executable, Path({str(script)!r}), cwd=Path({str(tmp_path)!r}), "
+            "timeout_s=120, memory_limit_bytes=None)",
+        ],
+        cwd=Path(__file__).resolve().parents[1],
+    )
+    deadline = time.monotonic() + 30
+    while not pidfile.exists() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    child = int(pidfile.read_text())
+    assert psutil.pid_exists(child)
+    runner.kill()
+    runner.wait()
+    deadline = time.monotonic() + 10
+    while psutil.pid_exists(child) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not psutil.pid_exists(child)
