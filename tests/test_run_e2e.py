@@ -250,3 +250,36 @@ def test_interrupt_cancels_the_job_and_kills_the_trial(
     ]
     assert con.execute("select status from trial").fetchall() == [("cancelled",)]
     assert not psutil.pid_exists(child) or psutil.Process(child).status() == psutil.STATUS_ZOMBIE
+
+
+def test_find_fix_finds_the_first_release_that_stops_leaking(
+    tmp_path: Path, uv_cache: Path
+) -> None:
+    from service.example.fixture import FixtureSpec, build_fixture
+    from service.example.index import serve_index
+
+    spec = FixtureSpec(first_leaking="1.0.2", fixed_in="1.0.7", yanked={}, foreign_only=None)
+    wheels = build_fixture(tmp_path / "wheels", spec)
+    with serve_index(wheels) as index:
+        args = [
+            "run",
+            str(EXAMPLE_REPRO),
+            "--package",
+            "leakyfixture",
+            "--range",
+            "1.0.2..1.0.9",
+            "--index-url",
+            index,
+            "--database-url",
+            f"sqlite:///{tmp_path / 'r.db'}",
+            "--json",
+            "--find-fix",
+        ]
+        proc = cli(args, tmp_path, uv_cache)
+    assert proc.returncode == 0, proc.stderr
+    report = json.loads(proc.stdout)
+    assert report["status"] == "found"
+    assert (report["last_bad"], report["first_good"]) == ("1.0.6", "1.0.7")
+    assert "last_good" not in report and "first_bad" not in report
+    verdicts = {c["version"]: c["verdict"] for c in report["candidates"]}
+    assert verdicts["1.0.2"] == "leak" and verdicts["1.0.9"] == "clean"

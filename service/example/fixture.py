@@ -63,6 +63,8 @@ class FixtureSpec:
 
     versions: tuple[str, ...] = DEFAULT_VERSIONS
     first_leaking: str = "1.0.6"
+    # A release that fixes the leak again (for find-fix); None: it never gets fixed.
+    fixed_in: str | None = None
     leak_kib_per_step: int = 1024
     noise: tuple[str, ...] = ("spikes", "cache", "churn")
     prerelease: str | None = "1.1.0rc1"
@@ -97,7 +99,9 @@ class FixtureSpec:
         return sorted(out, key=Version)
 
     def leaks(self, version: str) -> bool:
-        return Version(version) >= Version(self.first_leaking)
+        v = Version(version)
+        fixed = self.fixed_in is not None and v >= Version(self.fixed_in)
+        return v >= Version(self.first_leaking) and not fixed
 
     def upload_time(self, version: str) -> datetime:
         return self.upload_start + timedelta(days=self.all_versions().index(version))
