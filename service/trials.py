@@ -1,11 +1,14 @@
 """Trials: what a runner is told to run, and how its report is stored and judged."""
 
+from sqlalchemy import insert
 from sqlmodel import Session
 
 from runners.wire import EnvSpec, TrialReport, TrialSpec
 from service.analysis import ClassifierSettings, classify_run
 from service.models import Candidate, Job, MemorySample, Trial, TrialStatus, utcnow
 from service.verdicts import Verdict
+
+SAMPLE_FIELDS = {"t", "rss", "anon", "shared", "gpu", "step"}
 
 
 def env_spec(job: Job, candidate: Candidate) -> EnvSpec:
@@ -88,18 +91,12 @@ def record_report(
         analysis["growth_mib"] = _headline_growth(run.to_dict())
     trial.verdict = verdict.value
     trial.analysis = analysis
-    session.add_all(
-        MemorySample(
-            trial_id=trial.id,
-            t=s.t,
-            rss=s.rss,
-            anon=s.anon,
-            shared=s.shared,
-            gpu=s.gpu,
-            step=s.step,
-        )
-        for s in report.samples
-    )
+    if report.samples:
+        # One executemany, not an ORM object per sample: a trial uploads thousands.
+        rows = [
+            {"trial_id": trial.id, **s.model_dump(include=SAMPLE_FIELDS)} for s in report.samples
+        ]
+        session.execute(insert(MemorySample), rows)
     session.add(trial)
     session.add(candidate)
     session.commit()
