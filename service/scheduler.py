@@ -170,7 +170,9 @@ def finish(session: Session, job: Job, outcome: Outcome, candidates: list[Candid
         return None if index is None else candidates[index].version
 
     job.status = outcome.status
-    job.message = _with_note(outcome.message, reuse.note(session, candidates))
+    # The outcome leads; notes written at creation (pins that did not resolve) stay below it.
+    message = "\n".join(filter(None, [outcome.message, job.message]))
+    job.message = _with_note(message, reuse.note(session, candidates))
     job.finished_at = utcnow()
     job.result = {
         "status": outcome.status,

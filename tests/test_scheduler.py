@@ -301,3 +301,15 @@ def test_maintenance_advances_running_and_orphaned_jobs_only(session: Session) -
     assert session.get(Job, orphan.id).status == JobStatus.RUNNING  # type: ignore[union-attr]
     assert queued_versions(session, orphan) == ["1.0.0"]
     assert queued_versions(session, in_flight) == []
+
+
+def test_outcome_leads_the_message_and_creation_notes_stay(session: Session) -> None:
+    note = "no pins from the good bound (candidates resolve freely): cannot resolve"
+    job = seed(session, message=note, reuse_verdicts=False)
+    advance(session, job, 1)
+    judge(session, job)
+    session.refresh(job)
+    assert job.status == JobStatus.FOUND
+    assert job.message == (
+        "first bad is 1.0.6 and last good is 1.0.5, each confirmed by a second evaluation\n" + note
+    )
