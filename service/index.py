@@ -85,7 +85,7 @@ def _parse_time(value: object) -> datetime | None:
     return dt if dt.tzinfo else dt.replace(tzinfo=UTC)
 
 
-def _file_identity(filename: str) -> tuple[str, Version] | None:
+def file_identity(filename: str) -> tuple[str, Version] | None:
     """(normalized project name, version) of a wheel or sdist filename, else None."""
     try:
         if filename.endswith(".whl"):
@@ -212,7 +212,7 @@ def _local_files(location: Path) -> list[DistFile]:
     return [
         DistFile(filename=p.name, url=p.resolve().as_uri())
         for p in paths
-        if p.is_file() and _file_identity(p.name) is not None
+        if p.is_file() and file_identity(p.name) is not None
     ]
 
 
@@ -275,7 +275,7 @@ def list_releases(
     by_version: dict[Version, Release] = {}
     seen: set[str] = set()
     for f in files:
-        ident = _file_identity(f.filename)
+        ident = file_identity(f.filename)
         if ident is None or ident[0] != project or f.filename in seen:
             continue
         seen.add(f.filename)

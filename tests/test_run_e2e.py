@@ -16,6 +16,16 @@ EXAMPLE_REPRO = Path(__file__).resolve().parents[1] / "service" / "example" / "r
 CLI = [sys.executable, "-m", "service.cli"]
 
 
+def run_args(
+    range_: str, index: str, db: Path, *extra: str, script: Path = EXAMPLE_REPRO
+) -> list[str]:
+    """`bisect-cli run` on the fixture package, results in `db`, JSON on stdout."""
+    return [
+        "run", str(script), "--package", "leakyfixture", "--range", range_,
+        "--index-url", index, "--database-url", f"sqlite:///{db}", "--json", *extra,
+    ]  # fmt: skip
+
+
 def cli(
     args: list[str], home: Path, uv_cache: Path, timeout: float = 300
 ) -> subprocess.CompletedProcess[str]:
@@ -33,19 +43,7 @@ def bisection(tmp_path_factory: pytest.TempPathFactory, fixture_index: str, uv_c
     home = tmp_path_factory.mktemp("home")
     db = home / "results.db"
     proc = cli(
-        [
-            "run",
-            str(EXAMPLE_REPRO),
-            "--package",
-            "leakyfixture",
-            "--range",
-            "1.0.0..1.0.9",
-            "--index-url",
-            fixture_index,
-            "--database-url",
-            f"sqlite:///{db}",
-            "--json",
-        ],
+        run_args("1.0.0..1.0.9", fixture_index, db),
         home,
         uv_cache,
     )
@@ -130,19 +128,7 @@ def test_second_run_reuses_verdicts(
 ) -> None:
     """Same script, range, environment and classifier: judged candidates are not run again."""
     _, db = bisection
-    args = [
-        "run",
-        str(EXAMPLE_REPRO),
-        "--package",
-        "leakyfixture",
-        "--range",
-        "1.0.0..1.0.9",
-        "--index-url",
-        fixture_index,
-        "--database-url",
-        f"sqlite:///{db}",
-        "--json",
-    ]
+    args = run_args("1.0.0..1.0.9", fixture_index, db)
     proc = cli(args, tmp_path, uv_cache)
     assert proc.returncode == 0, proc.stderr
     report = json.loads(proc.stdout)
@@ -155,20 +141,7 @@ def test_second_run_reuses_verdicts(
 
 def test_no_reuse_runs_again(bisection, fixture_index: str, uv_cache: Path, tmp_path: Path) -> None:
     _, db = bisection
-    args = [
-        "run",
-        str(EXAMPLE_REPRO),
-        "--package",
-        "leakyfixture",
-        "--range",
-        "1.0.5..1.0.6",
-        "--index-url",
-        fixture_index,
-        "--database-url",
-        f"sqlite:///{db}",
-        "--json",
-        "--no-reuse",
-    ]
+    args = run_args("1.0.5..1.0.6", fixture_index, db, "--no-reuse")
     proc = cli(args, tmp_path, uv_cache)
     assert proc.returncode == 0, proc.stderr
     report = json.loads(proc.stdout)
@@ -181,23 +154,15 @@ def test_threshold_above_the_leak_fails_the_bad_bound(
     fixture_index: str, uv_cache: Path, tmp_path: Path
 ) -> None:
     """--min-growth is a job setting: 40 MiB of growth is no leak under a 500 MiB threshold."""
-    args = [
-        "run",
-        str(EXAMPLE_REPRO),
-        "--package",
-        "leakyfixture",
-        "--range",
+    args = run_args(
         "1.0.5..1.0.6",
-        "--index-url",
         fixture_index,
-        "--database-url",
-        f"sqlite:///{tmp_path / 'r.db'}",
-        "--json",
+        tmp_path / "r.db",
         "--min-growth",
         "500",
         "--min-growth-fraction",
         "0.5",
-    ]
+    )
     proc = cli(args, tmp_path, uv_cache)
     assert proc.returncode == 3, proc.stderr
     report = json.loads(proc.stdout)
@@ -221,19 +186,7 @@ def test_interrupt_cancels_the_job_and_kills_the_trial(
         "XDG_CACHE_HOME": str(tmp_path / "cache"),
         "UV_CACHE_DIR": str(uv_cache),
     }
-    args = [
-        "run",
-        str(script),
-        "--package",
-        "leakyfixture",
-        "--range",
-        "1.0.0..1.0.9",
-        "--index-url",
-        fixture_index,
-        "--database-url",
-        f"sqlite:///{db}",
-        "--json",
-    ]
+    args = run_args("1.0.0..1.0.9", fixture_index, db, script=script)
     proc = subprocess.Popen(CLI + args, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     deadline = time.monotonic() + 60
     while not pidfile.exists() and time.monotonic() < deadline:
@@ -261,20 +214,7 @@ def test_find_fix_finds_the_first_release_that_stops_leaking(
     spec = FixtureSpec(first_leaking="1.0.2", fixed_in="1.0.7", yanked={}, foreign_only=None)
     wheels = build_fixture(tmp_path / "wheels", spec)
     with serve_index(wheels) as index:
-        args = [
-            "run",
-            str(EXAMPLE_REPRO),
-            "--package",
-            "leakyfixture",
-            "--range",
-            "1.0.2..1.0.9",
-            "--index-url",
-            index,
-            "--database-url",
-            f"sqlite:///{tmp_path / 'r.db'}",
-            "--json",
-            "--find-fix",
-        ]
+        args = run_args("1.0.2..1.0.9", index, tmp_path / "r.db", "--find-fix")
         proc = cli(args, tmp_path, uv_cache)
     assert proc.returncode == 0, proc.stderr
     report = json.loads(proc.stdout)

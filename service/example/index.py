@@ -30,15 +30,11 @@ from pathlib import Path
 from urllib.parse import quote, unquote, urlsplit
 
 from packaging.utils import (
-    InvalidSdistFilename,
-    InvalidWheelFilename,
     canonicalize_name,
-    parse_sdist_filename,
-    parse_wheel_filename,
 )
-from packaging.version import InvalidVersion
 
 from service.example.fixture import INDEX_METADATA
+from service.index import file_identity
 
 JSON_TYPE = "application/vnd.pypi.simple.v1+json"
 HTML_V1_TYPE = "application/vnd.pypi.simple.v1+html"
@@ -60,25 +56,12 @@ class _File:
     upload_time: str | None
 
 
-def _project_and_version(filename: str) -> tuple[str, str] | None:
-    try:
-        if filename.endswith(".whl"):
-            name, version, _build, _tags = parse_wheel_filename(filename)
-        elif filename.endswith((".tar.gz", ".zip")):
-            name, version = parse_sdist_filename(filename)
-        else:
-            return None
-    except (InvalidWheelFilename, InvalidSdistFilename, InvalidVersion):
-        return None
-    return canonicalize_name(name), str(version)
-
-
 def _scan(wheel_dir: Path) -> dict[str, list[_File]]:
     meta_path = wheel_dir / INDEX_METADATA
     meta = json.loads(meta_path.read_text())["files"] if meta_path.exists() else {}
     projects: dict[str, list[_File]] = {}
     for path in sorted(wheel_dir.iterdir()):
-        parsed = _project_and_version(path.name) if path.is_file() else None
+        parsed = file_identity(path.name) if path.is_file() else None
         if parsed is None:
             continue
         data = path.read_bytes()
@@ -86,7 +69,7 @@ def _scan(wheel_dir: Path) -> dict[str, list[_File]]:
         projects.setdefault(parsed[0], []).append(
             _File(
                 project=parsed[0],
-                version=parsed[1],
+                version=str(parsed[1]),
                 filename=path.name,
                 path=path,
                 sha256=hashlib.sha256(data).hexdigest(),
