@@ -1,5 +1,6 @@
 """Bad input to `bisect-cli run`: one line on stderr, exit 2, no traceback, nothing on stdout."""
 
+import importlib
 from pathlib import Path
 
 import pytest
@@ -96,3 +97,37 @@ def test_bad_input_is_one_line_and_exit_2(invoke, fixture_index: str, args, mess
     assert code == 2
     assert stdout == ""
     assert stderr == message.replace("{INDEX}", fixture_index) + "\n"
+
+
+def boom(*args, **kwargs):
+    raise RuntimeError("boom")
+
+
+def test_unexpected_failure_is_one_line_and_exit_1(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import service.cli
+
+    run_module = importlib.import_module("service.cli.run")  # `service.cli.run` is the command
+    monkeypatch.delenv("BISECT_DEBUG", raising=False)
+    monkeypatch.setattr(run_module, "build_request", boom)
+    monkeypatch.setattr("sys.argv", ["bisect-cli", "run", REPRO, "-p", "x", "--range", "1..2"])
+    with pytest.raises(SystemExit) as exit_:
+        service.cli.main()
+    assert exit_.value.code == 1
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert captured.err == (
+        "internal error: RuntimeError: boom\n(set BISECT_DEBUG=1 to see the traceback)\n"
+    )
+
+
+def test_bisect_debug_shows_the_traceback(monkeypatch: pytest.MonkeyPatch) -> None:
+    import service.cli
+
+    run_module = importlib.import_module("service.cli.run")  # `service.cli.run` is the command
+    monkeypatch.setenv("BISECT_DEBUG", "1")
+    monkeypatch.setattr(run_module, "build_request", boom)
+    monkeypatch.setattr("sys.argv", ["bisect-cli", "run", REPRO, "-p", "x", "--range", "1..2"])
+    with pytest.raises(RuntimeError, match="boom"):
+        service.cli.main()

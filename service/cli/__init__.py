@@ -3,6 +3,7 @@
 import typer
 
 from service.cli import db, jobs
+from service.cli.errors import internal
 from service.cli.run import run
 from service.cli.runner import runner
 from service.cli.serve import serve
@@ -11,6 +12,8 @@ from service.cli.submit import submit
 app = typer.Typer(
     no_args_is_help=True,
     add_completion=False,
+    # A failure is one line (internal()), never a traceback; BISECT_DEBUG=1 shows it.
+    pretty_exceptions_enable=False,
     help="Find the first release of a dependency that leaks memory.",
 )
 app.command(name="run")(run)
@@ -30,4 +33,7 @@ def root() -> None:
 
 
 def main() -> None:
-    app()
+    try:
+        app()
+    except Exception as exc:  # noqa: BLE001 - the last line of defence against a traceback
+        internal(exc)

@@ -45,8 +45,9 @@ def validation_message(exc: Exception) -> str:
 
 
 def internal(exc: BaseException) -> NoReturn:
-    typer.echo(f"internal error: {type(exc).__name__}: {exc}", err=True)
-    typer.echo("(set BISECT_DEBUG=1 to see the traceback)", err=True)
+    """An unexpected failure: one line and exit 1; BISECT_DEBUG=1 re-raises for the traceback."""
     if os.environ.get("BISECT_DEBUG"):
         raise exc
-    raise typer.Exit(INTERNAL)
+    typer.echo(f"internal error: {type(exc).__name__}: {exc}", err=True)
+    typer.echo("(set BISECT_DEBUG=1 to see the traceback)", err=True)
+    raise SystemExit(INTERNAL)
