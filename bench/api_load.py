@@ -22,8 +22,9 @@ What it does, in order:
    pick and no job finishes: the seeded trials are exactly the work, and every one is claimed
    at most once. This is checked before the run by calling `advance` on every job.
 3. Starts the real API in a subprocess, `python -m service.cli serve --runners 0 --port 0
-   --json --database-url ...` (no tokens, so 127.0.0.1 only; default lease, heartbeat and
-   maintenance settings: the reaper and its advance of every open job run every 5 s).
+   --json --database-url ... [--workers N]` (no tokens, so 127.0.0.1 only; default lease,
+   heartbeat and maintenance settings: the reaper and its advance of every open job run every
+   5 s, in each worker).
 4. Measures a baseline: GET of the watched job with nothing else running.
 5. In a second process (so that their Python does not share a GIL with the reader), N runner
    threads, each with its own `runners.client.ApiClient` (retries off: every error counts),
@@ -245,12 +246,14 @@ def seed(url: str, args: argparse.Namespace) -> dict[str, Any]:
 # ------------------------------------------------------------------------------ server
 
 
-def start_server(url: str, home: Path) -> tuple[subprocess.Popen, str]:
+def start_server(url: str, home: Path, workers: int = 1) -> tuple[subprocess.Popen, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("BISECT_")}
     env.update(XDG_DATA_HOME=str(home / "data"), XDG_CACHE_HOME=str(home / "cache"))
     log = (home / "serve.log").open("w")
     proc = subprocess.Popen(
-        CLI + ["serve", "--runners", "0", "--port", "0", "--json", "--database-url", url],
+        CLI
+        + ["serve", "--runners", "0", "--port", "0", "--json", "--database-url", url]
+        + ["--workers", str(workers)],
         stdout=subprocess.PIPE,
         stderr=log,
         text=True,
@@ -451,10 +454,15 @@ def verify(url: str, hot_jobs: list[int], leases: list[tuple[int, int, str]]) ->
     }
 
 
+def server_cpu_s(procs: list[psutil.Process]) -> float:
+    return sum(t.user + t.system for t in (p.cpu_times() for p in procs))
+
+
 def run(url: str, args: argparse.Namespace, seeded: dict[str, Any], home: Path) -> dict[str, Any]:
-    server, base = start_server(url, home)
+    server, base = start_server(url, home, args.workers)
     api = f"{base}/api/v1"
-    proc = psutil.Process(server.pid)
+    # The server's CPU: serve and its worker processes (--workers), started by now.
+    procs = [psutil.Process(server.pid), *psutil.Process(server.pid).children(recursive=True)]
     try:
         watched = seeded["watched"]
         read_for(api, watched, 1, 1.0)  # warm up: first requests, connection pool
@@ -480,7 +488,7 @@ def run(url: str, args: argparse.Namespace, seeded: dict[str, Any], home: Path) 
             )
             for _ in range(args.readers)
         ]
-        cpu0 = proc.cpu_times()
+        cpu0 = server_cpu_s(procs)
         psutil.cpu_percent()
         t0 = time.monotonic()
         parent.send("go")
@@ -493,7 +501,7 @@ def run(url: str, args: argparse.Namespace, seeded: dict[str, Any], home: Path) 
         for thread in readers:
             thread.join()
         system_cpu = psutil.cpu_percent()
-        cpu1 = proc.cpu_times()
+        cpu1 = server_cpu_s(procs)
         worker.join(30)
         wall = time.monotonic() - t0
     finally:
@@ -506,7 +514,7 @@ def run(url: str, args: argparse.Namespace, seeded: dict[str, Any], home: Path) 
     counts = Counter(trial_id for trial_id, _, _ in leases)
     db = verify(url, seeded["hot_jobs"], leases)
     duplicates = sum(n - 1 for n in counts.values() if n > 1)
-    server_cpu = (cpu1.user + cpu1.system) - (cpu0.user + cpu0.system)
+    server_cpu = cpu1 - cpu0
     return {
         "claims": len(leases),
         "completed": result["requests"].get("complete", 0),
@@ -635,13 +643,18 @@ def report(path: Path, args: argparse.Namespace, seeded: dict, r: dict, command:
             ("advance", "touch runner + `advance`"),
         )
     )
+    serve_workers = f" --workers {args.workers}" if args.workers > 1 else ""
+    server_desc = (
+        f"{args.workers} uvicorn worker processes" if args.workers > 1 else "one uvicorn process"
+    )
+    server_what = "processes (serve and workers)" if args.workers > 1 else "process"
     text_ = f"""# API load benchmark (HTTP runners on Postgres)
 
 Written by `bench/api_load.py`: the claim benchmark of `docs/bench-claims.md` again, but through
-the real HTTP API. `bisect-cli serve --runners 0` (one uvicorn process, its default thread pool
-and database pool) runs against a scratch Postgres database; {args.runners} simulated runners
-(threads of a second process, each with its own `runners.client.ApiClient`, retries off) each
-register, then lease (`wait=1`), heartbeat once and complete with a {args.samples}-sample
+the real HTTP API. `bisect-cli serve --runners 0{serve_workers}` ({server_desc}, its default
+thread pool and database pool) runs against a scratch Postgres database; {args.runners} simulated
+runners (threads of a second process, each with its own `runners.client.ApiClient`, retries off)
+each register, then lease (`wait=1`), heartbeat once and complete with a {args.samples}-sample
 report (a 60 s run at 2 Hz; the runner's default rate is 10 Hz), until the {args.trials}
 seeded trials are gone or {args.max_seconds:g} s pass. Meanwhile {args.readers} reader
 thread(s) in the benchmark's own process GET one job in a closed loop; the same reader ran
@@ -678,7 +691,7 @@ load.
 | Runner requests (register, lease, heartbeat, complete, leave) | {requests} |
 | GET /jobs/{{id}} requests (baseline / under load) | {base["n"]} / {load["n"]} |
 | Memory samples stored | {db["samples"]} |
-| CPU during the load: server process / whole machine | {cpu} |
+| CPU during the load: server {server_what} / whole machine | {cpu} |
 
 Latency in milliseconds, as the client saw it:
 
@@ -713,10 +726,14 @@ def main() -> int:
     parser.add_argument("--max-seconds", type=float, default=60, help="stop claiming after this")
     parser.add_argument("--breakdown-trials", type=int, default=30)
     parser.add_argument("--report", type=Path, default=REPO / "docs" / "bench-api.md")
+    parser.add_argument(
+        "--workers", type=int, default=1, help="API worker processes (`serve --workers`)"
+    )
     args = parser.parse_args()
     command = (
         f"uv run python bench/api_load.py --runners {args.runners} --trials {args.trials} "
         f"--max-seconds {args.max_seconds:g}"
+        + (f" --workers {args.workers}" if args.workers > 1 else "")
     )
 
     name = f"leakbisect_api_{uuid.uuid4().hex[:12]}"

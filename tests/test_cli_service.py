@@ -68,12 +68,12 @@ class Service:
     runners: list[subprocess.Popen] = field(default_factory=list)
     logs: list[Path] = field(default_factory=list)
 
-    def start_serve(self, database_url: str, **extra_env: str) -> None:
+    def start_serve(self, database_url: str, *args: str, **extra_env: str) -> None:
         log = self.home / "serve.log"
         with log.open("w") as err:
             self.serve = subprocess.Popen(
                 CLI + ["serve", "--port", "0", "--runners", "0", "--json"]
-                + ["--database-url", database_url],
+                + ["--database-url", database_url, *args],
                 stdout=subprocess.PIPE,
                 stderr=err,
                 text=True,
@@ -373,3 +373,50 @@ def test_runner_death_relets_the_trial_on_postgres(
     assert rc == 0
     serve_log = (tmp_path / "serve.log").read_text()
     assert "stopped" in serve_log and "Traceback" not in serve_log
+
+
+def worker_pids(pid: int) -> set[int]:
+    """The uvicorn worker processes among `pid`'s children (by `ps`)."""
+    out = subprocess.run(
+        ["ps", "-ww", "-o", "pid=,args=", "--ppid", str(pid)], capture_output=True, text=True
+    ).stdout
+    return {int(line.split()[0]) for line in out.splitlines() if "spawn_main" in line}
+
+
+def test_serve_two_workers_on_postgres(
+    tmp_path: Path, uv_cache: Path, fixture_index: str, pg_url: str
+) -> None:
+    svc = Service(tmp_path, make_env(tmp_path, uv_cache))
+    svc.start_serve(pg_url, "--workers", "2")
+    assert svc.serve is not None
+    try:
+        workers = wait_until(lambda: worker_pids(svc.serve.pid), 10, "the workers")
+        assert len(workers) == 2
+        svc.start_runner("solo")
+        done = svc.cli(
+            "submit", str(REPRO), "--package", "leakyfixture", "--range", "1.0.5..1.0.7",
+            "--index-url", fixture_index, "--wait", "--json",
+        )  # fmt: skip
+        assert done.returncode == 0, done.stderr + "".join(p.read_text() for p in svc.logs)
+        report = json.loads(done.stdout)
+        assert (report["last_good"], report["first_bad"]) == ("1.0.5", "1.0.6")
+        assert worker_pids(svc.serve.pid) == workers  # none died and was replaced
+    finally:
+        rc = svc.stop()
+    assert rc == 0
+    serve_log = (tmp_path / "serve.log").read_text()
+    assert "2 API worker processes" in serve_log and "stopped" in serve_log
+    assert "Traceback" not in serve_log
+    alive = [pid for pid in workers if Path(f"/proc/{pid}").exists()]
+    assert not alive, f"workers outlived serve: {alive}"
+
+
+def test_serve_workers_refused_on_sqlite(tmp_path: Path) -> None:
+    result = CliRunner().invoke(
+        app, ["serve", "--workers", "2", "--database-url", f"sqlite:///{tmp_path / 'x.db'}"]
+    )
+    assert result.exit_code == 2
+    assert result.stderr == (
+        "error: --workers: SQLite serves from one process; use a postgresql+psycopg:// "
+        "--database-url for more workers\n"
+    )

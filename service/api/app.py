@@ -86,13 +86,15 @@ class _SubmitSizeLimit(BaseHTTPMiddleware):
         return await call_next(request)
 
 
-def create_app(settings: Settings | None = None) -> FastAPI:
+def create_app(settings: Settings | None = None, *, migrate: bool = True) -> FastAPI:
+    """The app; `migrate=False` for `serve --workers N`, whose parent migrates once."""
     settings = settings or get_settings()
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         url = settings.effective_database_url
-        upgrade(url)
+        if migrate:
+            upgrade(url)
         maintenance = Maintenance(get_engine(url), settings)
         maintenance.start()
         if not settings.auth_enabled:

@@ -11,20 +11,36 @@ so it listens on 127.0.0.1 only (and says so); any other --host is refused.
 SIGTERM / SIGINT: the runners stop first (a running trial gets --grace
 seconds, else it is killed and its lease given back), leave, and then the API
 shuts down; exit 0. A second signal skips the grace period.
+
+--workers N (Postgres only): the API runs in N uvicorn worker processes that
+accept on the one socket bound here, to use more than one core (one process
+is bound to one by the GIL: docs/bench-api.md). The database is migrated once,
+here, before they start; each worker builds its app from the environment
+(`worker_app`), so the --database-url given here is exported as
+BISECT_DATABASE_URL. Each worker runs the maintenance thread, which is safe on
+Postgres (the reaper skips locked rows and updates conditionally; `advance`
+takes the job row lock) but not on SQLite, whose job lock is per process, so
+SQLite serves from one process. Workers sit in a process group of their own
+(a Ctrl-C on the terminal reaches this process only, which stops the runners
+before the API) and die with it on Linux.
 """
 
 import ipaddress
 import json
 import logging
+import os
 import signal
 import socket
+import sys
 import threading
 import time
 from types import FrameType
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 import uvicorn
+from fastapi import FastAPI
+from uvicorn.supervisors import Multiprocess
 
 from runners.agent import GRACE_S, Agent, default_name, describe_capabilities, stderr_log
 from runners.client import ApiClient, ApiError, ApiUnreachable
@@ -33,9 +49,14 @@ from service.cli import options as o
 from service.cli.db import shown
 from service.cli.errors import INTERNAL, fail
 from service.db import upgrade
-from service.settings import get_settings
+from service.settings import Settings, get_settings
 
 LOOPBACK = "127.0.0.1"
+SQLITE_WORKERS = (
+    "--workers: SQLite serves from one process; use a postgresql+psycopg:// --database-url "
+    "for more workers"
+)
+LOG_FORMAT = "%(asctime)s %(name)s: %(message)s"
 
 
 def is_loopback(host: str) -> bool:
@@ -92,6 +113,16 @@ def serve(
             "its lease given back.",
         ),
     ] = GRACE_S,
+    workers: Annotated[
+        int,
+        typer.Option(
+            "--workers",
+            min=1,
+            max=64,
+            help="API worker processes sharing the port (Postgres only for more than 1; "
+            "the embedded runners stay in this process).",
+        ),
+    ] = 1,
     json_: Annotated[
         bool,
         typer.Option("--json", help="Print one JSON object (url, runners, auth) once listening."),
@@ -109,6 +140,8 @@ def serve(
     settings = get_settings()
     url = database_url or settings.effective_database_url
     settings = settings.model_copy(update={"database_url": url})
+    if workers > 1 and url.startswith("sqlite"):
+        fail(SQLITE_WORKERS)
     notes: list[str] = []
     if not settings.auth_enabled:
         if host is not None and not is_loopback(host):
@@ -138,20 +171,9 @@ def serve(
     if host == "::":
         local = f"http://[::1]:{port}"
 
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
+    logging.basicConfig(level=logging.INFO, format=LOG_FORMAT)
     logging.getLogger("httpx").setLevel(logging.WARNING)
-    from service.api.app import create_app
-
-    config = uvicorn.Config(
-        create_app(settings),
-        log_level="warning",
-        access_log=False,
-        timeout_graceful_shutdown=5,
-    )
-    server = uvicorn.Server(config)
-    server_thread = threading.Thread(
-        target=server.run, kwargs={"sockets": [sock]}, name="api", daemon=True
-    )
+    api = _Api(settings, sock, workers)
     stop = threading.Event()
     agents: list[Agent] = []
 
@@ -163,10 +185,8 @@ def serve(
 
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
-    server_thread.start()
-    while not server.started and server_thread.is_alive():
-        time.sleep(0.05)
-    if not server.started:
+    if not api.start(stop):
+        api.stop()
         fail(f"the API did not start on {base}", INTERNAL)
 
     for note in notes:
@@ -179,6 +199,7 @@ def serve(
                     "api": f"{base}/api/v1",
                     "docs": f"{base}/docs",
                     "runners": runners,
+                    "workers": workers,
                     "auth": settings.auth_enabled,
                     "database_url": shown(url),
                 }
@@ -186,7 +207,10 @@ def serve(
         )
     else:
         typer.echo(f"listening on {base} (API {base}/api/v1, docs {base}/docs)")
-    stderr_log(f"database {shown(url)}; {runners} embedded runner(s)")
+    stderr_log(
+        f"database {shown(url)}; {runners} embedded runner(s)"
+        + (f"; {workers} API worker processes" if workers > 1 else "")
+    )
 
     token = settings.runner_tokens[0].get_secret_value() if settings.runner_tokens else None
     gpu = GpuProbe.open() if runners else None
@@ -216,15 +240,14 @@ def serve(
         threads.append(thread)
         thread.start()
 
-    while not stop.is_set() and server_thread.is_alive():
+    while not stop.is_set() and api.alive():
         stop.wait(0.5)
     for agent in agents:
         agent.stop()
     for thread in threads:
         thread.join(grace + 30)
-    crashed = not server_thread.is_alive()
-    server.should_exit = True
-    server_thread.join(15)
+    crashed = not api.alive()
+    api.stop()
     if crashed:
         fail("the API stopped unexpectedly", INTERNAL)
     stderr_log("stopped")
@@ -238,3 +261,92 @@ def _run_agent(agent: Agent) -> None:
         agent.log(f"stopped: {exc}")
     except Exception as exc:  # noqa: BLE001 - one runner's failure must not take the API down
         agent.log(f"crashed: {type(exc).__name__}: {exc}")
+
+
+class _Api:
+    """The API on `sock`: uvicorn in a thread (1 worker) or N worker processes.
+
+    With workers, uvicorn's `Multiprocess` supervisor starts them on the
+    pre-bound socket and, from a thread here, replaces any that die; its own
+    SIGINT/SIGTERM handlers are replaced by serve's, which stop the runners first.
+    """
+
+    def __init__(self, settings: Settings, sock: socket.socket, workers: int) -> None:
+        self.sock = sock
+        self.workers = workers
+        self.supervisor: Multiprocess | None = None
+        self.server: uvicorn.Server | None = None
+        common: dict[str, Any] = {
+            "log_level": "warning",
+            "access_log": False,
+            "timeout_graceful_shutdown": 5,
+        }
+        if workers > 1:
+            # Spawned workers read their settings from the environment.
+            os.environ["BISECT_DATABASE_URL"] = settings.effective_database_url
+            config = uvicorn.Config(
+                "service.cli.serve:worker_app", factory=True, workers=workers, **common
+            )
+            self.supervisor = Multiprocess(config, [sock])  # installs handlers: serve's follow
+            self.thread = threading.Thread(target=self._supervise, name="api", daemon=True)
+        else:
+            from service.api.app import create_app
+
+            self.server = uvicorn.Server(uvicorn.Config(create_app(settings), **common))
+            self.thread = threading.Thread(
+                target=self.server.run, kwargs={"sockets": [sock]}, name="api", daemon=True
+            )
+
+    def start(self, stop: threading.Event, timeout: float = 60) -> bool:
+        """Start serving; False if the API (every worker) did not come up."""
+        if self.supervisor is not None:
+            self.supervisor.init_processes()
+            ready = all(
+                p.wait_until_ready(timeout, stop) for p in self.supervisor.processes
+            )  # fmt: skip
+            if ready:
+                self.thread.start()
+            return ready
+        assert self.server is not None
+        self.thread.start()
+        while not self.server.started and self.thread.is_alive():
+            time.sleep(0.05)
+        return self.server.started
+
+    def _supervise(self) -> None:
+        assert self.supervisor is not None
+        while not self.supervisor.should_exit.wait(0.5):
+            self.supervisor.handle_signals()  # SIGHUP: replace the workers one by one
+            self.supervisor.keep_subprocess_alive()
+
+    def alive(self) -> bool:
+        return self.thread.is_alive()
+
+    def stop(self) -> None:
+        if self.supervisor is not None:
+            self.supervisor.should_exit.set()
+            if self.thread.is_alive():
+                self.thread.join(15)
+            self.supervisor.terminate_all()
+            self.supervisor.join_all()
+            return
+        assert self.server is not None
+        self.server.should_exit = True
+        self.thread.join(15)
+
+
+def worker_app() -> FastAPI:
+    """The app of one `serve --workers N` worker process (the parent migrated already)."""
+    # Out of the terminal's process group: a Ctrl-C reaches serve, which stops its runners
+    # before it stops the workers (SIGTERM).
+    os.setpgid(0, 0)
+    if sys.platform == "linux":
+        import ctypes
+
+        # PR_SET_PDEATHSIG: go when serve goes, even if it was killed.
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)
+    logging.basicConfig(level=logging.INFO, format=LOG_FORMAT)
+    logging.getLogger("httpx").setLevel(logging.WARNING)
+    from service.api.app import create_app
+
+    return create_app(migrate=False)
