@@ -333,7 +333,8 @@ def find_python(version: str | None) -> str:
     return path
 
 
-def _index_args(spec: EnvSpec) -> list[str]:
+def index_args(spec: EnvSpec) -> list[str]:
+    """uv's index, find-links, pre-release and exclude-newer flags for `spec`."""
     args: list[str] = []
     if spec.index_url:
         args += ["--index-url", spec.index_url]
@@ -366,7 +367,7 @@ def resolve_pins(spec: EnvSpec, *, cache_dir: Path | None = None) -> list[str]:
             _uv(), "pip", "compile", str(reqs),
             "--python-version", python,
             "--no-header", "--no-annotate", "--no-strip-markers",
-            *_index_args(spec),
+            *index_args(spec),
         ]  # fmt: skip
         cache = Path(cache_dir) if cache_dir is not None else default_cache_dir()
         proc = _run(cmd, _uv_env(cache), None, cwd=Path(tmp))
@@ -490,7 +491,7 @@ def build_env(
 
         install = [
             _uv(), "pip", "install", "--python", str(python), pin, *spec.requirements,
-            *_index_args(spec),
+            *index_args(spec),
         ]  # fmt: skip
         resolution = "as-released" if spec.exclude_newer is not None else "free"
         note = None

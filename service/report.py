@@ -3,8 +3,9 @@
 import shlex
 from typing import Any
 
-from runners.envs import freeze_diff
+from runners.envs import freeze_diff, index_args
 from service.models import Candidate, Job, Trial, TrialStatus
+from service.trials import env_spec
 from service.verdicts import Verdict
 
 EXIT_CODES = {"found": 0, "bounds_failed": 3, "inconclusive": 4, "error": 1, "cancelled": 1}
@@ -64,14 +65,7 @@ def reproduce_command(job: Job, candidate: Candidate) -> str:
     # The recorded freeze pins every package as it was during the trial.
     packages = candidate.freeze or [f"{job.package}=={candidate.version}", *job.requirements]
     install = ["uv", "pip", "install", "--python", "/tmp/leakbisect-repro", *packages]
-    if job.index_url:
-        install += ["--index-url", job.index_url]
-    for url in job.extra_index_urls:
-        install += ["--extra-index-url", url]
-    for link in job.find_links:
-        install += ["--find-links", link]
-    if job.pre:
-        install += ["--prerelease", "allow"]
+    install += index_args(env_spec(job, candidate))
     run = ["/tmp/leakbisect-repro/bin/python", job.script_name]
     return " && ".join(shlex.join(part) for part in (venv, install, run))
 
