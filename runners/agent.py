@@ -1,17 +1,16 @@
 """The runner agent: register, long-poll for leases, run trials, heartbeat, report.
 
-One trial at a time. The trial runs in a worker thread (`execute_trial`) while
+One trial at a time. The trial runs in a worker thread (the `Executor`) while
 the agent's thread heartbeats every ``heartbeat_s`` (the lease's figure),
 sending the trial's latest RSS. A heartbeat answered 409 means the lease is no
 longer ours (re-leased after its deadline, or the job was cancelled): the
 agent kills the trial and drops its report.
 
-Killing a trial: `execute_trial(on_start=...)` hands over the script's pid,
-which is its process group id (the executor starts it in its own session).
-`_Trial.kill` sends SIGKILL to that group; the executor then returns as for
-any killed script, after sweeping stragglers and the cgroup. A kill requested
-while the environment is still being built takes effect the moment the script
-starts (uv builds are not interrupted).
+Killing a trial: the executor (`runners.trial.Executor`) hands over a ``kill``
+callable once the script runs; `_Trial.kill` calls it, and the executor then
+returns as for any killed script, after sweeping stragglers and the cgroup. A
+kill requested while the environment is still being built takes effect the
+moment the script starts (uv builds are not interrupted).
 
 Stopping (`stop()`, SIGTERM or SIGINT through `install_signal_handlers`): no
 new leases; a running trial may finish within ``grace_s`` (and is reported as
@@ -41,7 +40,6 @@ import sys
 import threading
 import time
 from collections.abc import Callable
-from pathlib import Path
 from types import FrameType
 from typing import Any
 
@@ -49,7 +47,7 @@ import psutil
 
 from runners.client import ApiClient, ApiError, ApiUnreachable, StaleLeaseError
 from runners.nvml import GpuProbe
-from runners.trial import execute_trial
+from runners.trial import Executor, Kill
 from runners.wire import (
     EnvResult,
     Heartbeat,
@@ -166,7 +164,7 @@ class _Trial:
         self.rss: int | None = None
         self.report: TrialReport | None = None
         self.killed = False
-        self._pgid: int | None = None
+        self._kill: Kill | None = None
         self._lock = threading.Lock()
         self._run = run
         self.thread = threading.Thread(
@@ -184,11 +182,11 @@ class _Trial:
                 error=f"runner: {type(exc).__name__}: {exc}",
             )
 
-    def on_start(self, pgid: int) -> None:
+    def on_start(self, kill: Kill) -> None:
         with self._lock:
-            self._pgid = pgid
+            self._kill = kill
             if self.killed:
-                self._killpg()
+                kill()
 
     def on_sample(self, sample: Sample) -> None:
         self.rss = sample.rss
@@ -196,19 +194,13 @@ class _Trial:
     def kill(self) -> None:
         with self._lock:
             self.killed = True
-            if self._pgid is not None:
-                self._killpg()
-
-    def _killpg(self) -> None:
-        assert self._pgid is not None
-        if self._pgid == os.getpgrp():  # never our own group
-            return
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(self._pgid, signal.SIGKILL)
+            if self._kill is not None:
+                self._kill()
 
     @property
     def pgid(self) -> int | None:
-        return self._pgid
+        """The script's process group once it runs (local executor), for logs and tests."""
+        return getattr(self._kill, "pgid", None)
 
 
 # ---------------------------------------------------------------------------
@@ -221,8 +213,7 @@ class Agent:
         client: ApiClient,
         name: str,
         labels: dict[str, str],
-        env_root: Path,
-        cache_dir: Path,
+        executor: Executor,
         gpu: GpuProbe | None,
         *,
         lease_wait: float = LEASE_WAIT_S,
@@ -233,8 +224,7 @@ class Agent:
         self.client = client
         self.name = name
         self.labels = dict(labels)
-        self.env_root = Path(env_root)
-        self.cache_dir = Path(cache_dir)
+        self.executor = executor
         self.gpu = gpu
         self.lease_wait = lease_wait
         self.grace_s = grace_s
@@ -348,13 +338,8 @@ class Agent:
         raise error
 
     def _execute(self, trial: _Trial) -> TrialReport:
-        return execute_trial(
-            trial.spec,
-            env_root=self.env_root,
-            cache_dir=self.cache_dir,
-            gpu=self.gpu,
-            on_sample=trial.on_sample,
-            on_start=trial.on_start,
+        return self.executor.run_trial(
+            trial.spec, on_sample=trial.on_sample, on_start=trial.on_start
         )
 
     def _work(self, lease: Lease) -> None:

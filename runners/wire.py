@@ -5,10 +5,22 @@ under the sampler and answers with a `TrialReport`. Nothing here touches a
 database, so runners can import it without the service's storage.
 """
 
+import math
 from datetime import datetime
-from typing import Any
+from typing import Any, Literal, Self
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, model_validator
+
+# A report carries at most this many samples; a longer trial is downsampled on the runner
+# (`runners.series.downsample`: min and max of each bucket, so floors and spikes survive).
+MAX_REPORT_SAMPLES = 20_000
+# Bytes no single sample can exceed (1 PiB): anything larger is a broken or forged report.
+MAX_SAMPLE_BYTES = 1 << 50
+
+# "run": build the candidate's environment and run the script under the sampler.
+# "resolve": only resolve the candidate's requirements (`uv pip compile`) and report the pins
+# every other candidate is then held at; resolution may build sdists, so it runs on a runner.
+TrialKind = Literal["run", "resolve"]
 
 
 class EnvSpec(BaseModel):
@@ -47,17 +59,18 @@ class EnvResult(BaseModel):
 class Sample(BaseModel):
     """One memory sample. Bytes; `None` means the source did not say, never zero."""
 
-    t: float  # seconds since the trial's script started
-    rss: int
-    anon: int | None = None
-    shared: int | None = None
-    gpu: int | None = None
-    step: int | None = None  # the last step marker seen at this instant, if any
+    t: float = Field(ge=0, allow_inf_nan=False)  # seconds since the trial's script started
+    rss: int = Field(ge=0, le=MAX_SAMPLE_BYTES)
+    anon: int | None = Field(default=None, ge=0, le=MAX_SAMPLE_BYTES)
+    shared: int | None = Field(default=None, ge=0, le=MAX_SAMPLE_BYTES)
+    gpu: int | None = Field(default=None, ge=0, le=MAX_SAMPLE_BYTES)
+    step: int | None = Field(default=None, ge=0, le=1 << 62)  # the last step marker seen
 
 
 class TrialSpec(BaseModel):
     trial_id: int
     attempt: int = 1
+    kind: TrialKind = "run"
     env: EnvSpec
     script: str
     script_name: str = "repro.py"
@@ -65,6 +78,8 @@ class TrialSpec(BaseModel):
     memory_limit_bytes: int | None = None
     sample_hz: float = 10.0
     requires_gpu: bool = False
+    # The job's own environment variables for the script; the runner adds only its allowlist.
+    variables: dict[str, str] = Field(default_factory=dict)
 
 
 class TrialReport(BaseModel):
@@ -77,13 +92,26 @@ class TrialReport(BaseModel):
     timed_out: bool = False
     cap_method: str | None = None  # "cgroup-v1" | "cgroup-v2" | "watchdog"
     duration_s: float = 0.0
-    log_tail: str = ""
-    samples: list[Sample] = Field(default_factory=list)
+    log_tail: str = Field(default="", max_length=64 * 1024)
+    samples: list[Sample] = Field(default_factory=list, max_length=MAX_REPORT_SAMPLES)
+    # How many samples the trial took; more than len(samples) when it was downsampled.
+    samples_taken: int | None = Field(default=None, ge=0)
     # (t, step) for each step marker the script printed.
-    steps: list[tuple[float, int]] = Field(default_factory=list)
-    gpu_source: str = "unavailable"  # "process" | "device" | "unavailable"
-    host_source: str = "psutil"
-    error: str | None = None
+    steps: list[tuple[float, int]] = Field(default_factory=list, max_length=MAX_REPORT_SAMPLES)
+    gpu_source: str = Field(default="unavailable", max_length=40)  # process | device | unavailable
+    host_source: str = Field(default="psutil", max_length=40)
+    error: str | None = Field(default=None, max_length=16 * 1024)
+    # Resolve trials: the pins of the resolution (None for run trials, or when it failed).
+    pins: list[str] | None = Field(default=None, max_length=5000)
+
+    @model_validator(mode="after")
+    def _ordered_in_time(self) -> Self:
+        times = [s.t for s in self.samples]
+        if any(b < a for a, b in zip(times, times[1:], strict=False)):
+            raise ValueError("samples: times must not decrease")
+        if any(not math.isfinite(t) or t < 0 for t, _ in self.steps):
+            raise ValueError("steps: times must be finite and not negative")
+        return self
 
 
 class RunnerCapabilities(BaseModel):

@@ -2,13 +2,11 @@
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Protocol
 
 from sqlmodel import Session, col, select
 
-from runners.nvml import GpuProbe
-from runners.trial import execute_trial
+from runners.trial import Executor
 from runners.wire import Sample
 from service.models import Candidate, Job, JobStatus, Trial, TrialStatus, utcnow
 from service.scheduler import advance, cancel, candidates_of
@@ -55,10 +53,8 @@ def run_job(
     session: Session,
     job: Job,
     *,
-    env_root: Path,
-    cache_dir: Path,
+    executor: Executor,
     progress: Progress | None = None,
-    gpu: GpuProbe | None = None,
     log: Callable[[str], None] | None = None,
 ) -> Job:
     progress = progress or Quiet()
@@ -79,13 +75,8 @@ def run_job(
             session.add(trial)
             session.commit()
             progress.trial_started(candidate, trial)
-            report = execute_trial(
-                trial_spec(job, candidate, trial),
-                env_root=env_root,
-                cache_dir=cache_dir,
-                gpu=gpu,
-                on_sample=progress.sample,
-                log=log,
+            report = executor.run_trial(
+                trial_spec(job, candidate, trial), on_sample=progress.sample, log=log
             )
             verdict = record_report(session, job, candidate, trial, report)
             progress.trial_finished(candidate, trial, verdict)

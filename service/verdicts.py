@@ -26,3 +26,8 @@ class Verdict(StrEnum):
     def bounded(self) -> bool:
         """Memory stayed bounded: the run counts as not leaking."""
         return self in (Verdict.CLEAN, Verdict.PLATEAU)
+
+    @property
+    def decisive(self) -> bool:
+        """The run (or candidate) says leak or not-leak; skip, error and inconclusive do not."""
+        return self in (Verdict.LEAK, Verdict.CLEAN, Verdict.PLATEAU)

@@ -20,6 +20,7 @@ import uvicorn
 
 from runners.agent import Agent, parse_labels
 from runners.client import ApiClient
+from runners.trial import LocalExecutor
 from runners.wire import RunnerCapabilities
 from service.api.app import create_app
 from service.cli.serve import bind
@@ -110,8 +111,7 @@ class AgentThread:
             client,
             "test-agent",
             {"suite": "agent"},
-            tmp / "envs",
-            uv_cache,
+            LocalExecutor(tmp / "envs", uv_cache),
             None,
             lease_wait=1,
             log=self.lines.append,

@@ -14,6 +14,7 @@ from sqlmodel import Session, col, select
 from runners.envs import EnvError, find_python
 from runners.machine import describe_machine
 from runners.nvml import GpuProbe
+from runners.trial import LocalExecutor
 from service.cli import options as o
 from service.cli.display import LineProgress, LiveDisplay, render_report
 from service.cli.errors import fail, internal, validation_message
@@ -213,10 +214,8 @@ def run(
                 run_job(
                     session,
                     job,
-                    env_root=settings.env_root,
-                    cache_dir=settings.uv_cache_dir,
+                    executor=LocalExecutor(settings.env_root, settings.uv_cache_dir, gpu),
                     progress=display,
-                    gpu=gpu,
                 )
             except KeyboardInterrupt:
                 err.print("interrupted: job cancelled")

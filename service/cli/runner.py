@@ -8,6 +8,7 @@ import typer
 
 from runners.agent import GRACE_S, Agent, default_name, parse_labels, stderr_log
 from runners.nvml import GpuProbe
+from runners.trial import LocalExecutor
 from service.cli.errors import fail
 from service.cli.remote import DEFAULT_SERVER, Server, api_errors, make_client
 from service.settings import get_settings
@@ -70,13 +71,13 @@ def runner(
     log = json_log if json_ else stderr_log
     settings = get_settings()
     client = make_client(server, token, on_retry=log)
+    gpu = GpuProbe.open()
     agent = Agent(
         client,
         name or default_name(),
         parsed,
-        settings.env_root,
-        settings.uv_cache_dir,
-        GpuProbe.open(),
+        LocalExecutor(settings.env_root, settings.uv_cache_dir, gpu),
+        gpu,
         grace_s=grace,
         log=log,
     )

@@ -45,6 +45,7 @@ from uvicorn.supervisors import Multiprocess
 from runners.agent import GRACE_S, Agent, default_name, describe_capabilities, stderr_log
 from runners.client import ApiClient, ApiError, ApiUnreachable
 from runners.nvml import GpuProbe
+from runners.trial import LocalExecutor
 from service.cli import options as o
 from service.cli.db import shown
 from service.cli.errors import INTERNAL, fail
@@ -226,8 +227,7 @@ def serve(
             ApiClient(local, token, on_retry=log),
             f"{default_name()}-{i}",
             {"embedded": "true"},
-            settings.env_root,
-            settings.uv_cache_dir,
+            LocalExecutor(settings.env_root, settings.uv_cache_dir, gpu),
             gpu,
             grace_s=grace,
             log=log,

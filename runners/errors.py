@@ -1,0 +1,49 @@
+"""The one exception hierarchy of leakbisect.
+
+Every error meant for a user derives from `LeakbisectError`; its ``str`` is one line, and
+``field`` names the input to blame when there is one ("range", "index_url", ...). The kind
+says what went wrong, and one table in each front end turns kinds into statuses:
+HTTP in `service.api.errors`, exit statuses in `service.cli.errors`. Code raises the
+kind that fits and never picks a status itself.
+
+It lives in `runners` because the runners raise these too and must not import the service.
+"""
+
+from __future__ import annotations
+
+
+class LeakbisectError(Exception):
+    """An error with a one-line message for the user, optionally naming the input at fault."""
+
+    def __init__(self, message: str, *, field: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.field = field
+
+    def __str__(self) -> str:
+        return self.message
+
+    def detail(self) -> str:
+        """``field: message`` when a field is to blame, else the message."""
+        return f"{self.field}: {self.message}" if self.field else self.message
+
+
+class InvalidInput(LeakbisectError):
+    """The request cannot be done as asked: a bad value, a range that does not exist."""
+
+
+class NotFound(LeakbisectError):
+    """A job, trial or runner that does not exist."""
+
+
+class Conflict(LeakbisectError):
+    """The request clashes with the current state: a lease that is no longer yours,
+    a job that has already finished."""
+
+
+class Forbidden(LeakbisectError):
+    """The caller is known but may not do this."""
+
+
+class Unavailable(LeakbisectError):
+    """Something the request needs is not there right now (a mechanism, a machine)."""
