@@ -80,7 +80,8 @@ from service.models import (  # noqa: E402
     TrialStatus,
     utcnow,
 )
-from service.scheduler import advance, candidates_of, slots_for, trials_of  # noqa: E402
+from service.scheduler import advance, slots_for  # noqa: E402
+from service.store import candidates_of, trials_of  # noqa: E402
 from service.trials import record_report  # noqa: E402
 
 ADMIN_URL = os.environ.get(
@@ -569,7 +570,7 @@ def breakdown(url: str, args: argparse.Namespace, seeded: dict[str, Any]) -> dic
             report = TrialReport.model_validate_json(body)
             report.trial_id = trial.id
             t3 = time.perf_counter()
-            trial = queue.finish(session, trial.id, me.id, trial.attempt)
+            trial = queue.lock_for_report(session, trial.id, me.id, trial.attempt)
             job = session.get(Job, trial.job_id)
             candidate = session.get(Candidate, trial.candidate_id)
             assert job is not None and candidate is not None

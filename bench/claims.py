@@ -72,7 +72,7 @@ def run(url: str, runners: int, deadline_s: float) -> dict:
                     if trial is None:
                         break
                     mine.append(trial.id)
-                    trial = queue.finish(session, trial.id, me.id, trial.attempt)
+                    trial = queue.lock_for_report(session, trial.id, me.id, trial.attempt)
                     trial.status, trial.verdict, trial.finished_at = (
                         TrialStatus.DONE,
                         "clean",
@@ -135,7 +135,7 @@ def report(path: Path, args: argparse.Namespace, r: dict) -> str:
     text_ = f"""# Claim benchmark (Postgres, `FOR UPDATE SKIP LOCKED`)
 
 Written by `bench/claims.py`. {args.runners} runner threads, each with its own connection,
-claim a trial, lock it with `queue.finish`, mark it done and commit, until {args.trials}
+claim a trial, lock it with `queue.lock_for_report`, mark it done and commit, until {args.trials}
 queued trials are gone. Database and runners share one machine, so this measures the
 queue's SQL and Python's overhead, not the network.
 

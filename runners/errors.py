@@ -13,7 +13,12 @@ from __future__ import annotations
 
 
 class LeakbisectError(Exception):
-    """An error with a one-line message for the user, optionally naming the input at fault."""
+    """An error with a one-line message for the user, optionally naming the input at fault.
+
+    ``show_field_on_cli`` False: the CLI prints the message alone (it names the culprit).
+    """
+
+    show_field_on_cli = True
 
     def __init__(self, message: str, *, field: str | None = None) -> None:
         super().__init__(message)
@@ -28,11 +33,11 @@ class LeakbisectError(Exception):
         return f"{self.field}: {self.message}" if self.field else self.message
 
 
-class InvalidInput(LeakbisectError):
+class InvalidInput(LeakbisectError, ValueError):
     """The request cannot be done as asked: a bad value, a range that does not exist."""
 
 
-class NotFound(LeakbisectError):
+class NotFound(LeakbisectError, LookupError):
     """A job, trial or runner that does not exist."""
 
 

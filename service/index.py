@@ -33,6 +33,7 @@ from packaging.utils import (
 )
 from packaging.version import InvalidVersion, Version
 
+from runners.errors import InvalidInput
 from service.releases import DistFile, Release
 
 PYPI_SIMPLE = "https://pypi.org/simple"
@@ -46,8 +47,17 @@ ACCEPT = {
 DEFAULT_TIMEOUT = 30.0
 
 
-class IndexUnavailable(Exception):
-    """An index could not be read, or does not know the package. One-line message."""
+class IndexUnavailable(InvalidInput):
+    """An index could not be read, or does not know the package. One-line message.
+
+    The message names the index or find-links location itself, so the CLI shows it
+    without a flag (with several indexes a single flag could be the wrong one).
+    """
+
+    show_field_on_cli = False
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, field="index_url")
 
 
 def _ssl_verify() -> ssl.SSLContext | bool:

@@ -9,13 +9,9 @@ from sqlmodel import Session
 from runners.envs import EnvError, resolve_pins
 from runners.wire import EnvSpec
 from service import releases
-from service.index import list_releases, target_tags
+from service.index import PYPI_SIMPLE, list_releases, target_tags
 from service.models import Candidate, Job
 from service.schemas import JobCreate
-
-
-class JobRejected(Exception):
-    """A request that cannot become a job; the message is one line naming the field."""
 
 
 def releases_for(request: JobCreate) -> list[releases.Candidate]:
@@ -23,7 +19,7 @@ def releases_for(request: JobCreate) -> list[releases.Candidate]:
     python_version, tags = target_tags(request.python)
     listed = list_releases(
         request.package,
-        index_url=request.index_url or "https://pypi.org/simple",
+        index_url=request.index_url or PYPI_SIMPLE,
         extra_index_urls=request.extra_index_urls,
         find_links=request.find_links,
     )
@@ -68,37 +64,27 @@ def create_job(
     *,
     machine: dict[str, Any] | None = None,
     cache_dir: Path | None = None,
+    local: bool = False,
 ) -> Job:
+    """List the range's releases and store the job with its candidates (committed).
+
+    `local`: made by `bisect-cli run`, whose process runs it (see service/queue.py).
+    """
     found = releases_for(request)
     pins, pins_note = good_bound_pins(request, found[0].version, cache_dir)
-    job = Job(
-        package=request.package,
-        good=found[0].version,
-        bad=found[-1].version,
-        find_fix=request.find_fix,
-        script=request.script,
-        script_name=request.script_name,
-        script_sha256=hashlib.sha256(request.script.encode()).hexdigest(),
-        python=request.python,
-        requirements=request.requirements,
-        index_url=request.index_url,
-        extra_index_urls=request.extra_index_urls,
-        find_links=request.find_links,
-        pre=request.pre,
-        skip_yanked=request.skip_yanked,
-        as_released=request.as_released,
-        constraints=pins,
-        repeats=request.repeats,
-        max_runs=max(request.max_runs, request.repeats),
-        timeout_s=request.timeout_s,
-        memory_limit_bytes=request.memory_limit,
-        sample_hz=request.sample_hz,
-        requires_gpu=request.requires_gpu,
-        hardware_class="gpu" if request.requires_gpu else "cpu",
-        reuse_verdicts=request.reuse_verdicts,
-        classifier=request.classifier,
-        machine=machine,
-        message=pins_note,
+    job = Job.model_validate(
+        request,
+        update={
+            "good": found[0].version,
+            "bad": found[-1].version,
+            "script_sha256": hashlib.sha256(request.script.encode()).hexdigest(),
+            "constraints": pins,
+            "max_runs": max(request.max_runs, request.repeats),
+            "hardware_class": "gpu" if request.requires_gpu else "cpu",
+            "machine": machine,
+            "message": pins_note,
+            "local": local,
+        },
     )
     session.add(job)
     session.flush()

@@ -1,20 +1,28 @@
-"""`bisect-cli run`: the whole flow in one process, one trial at a time."""
+"""`bisect-cli run`: the whole flow in one process, one trial at a time.
+
+The job is a local one (`Job.local`): this process leases its trials itself
+(`queue.claim_local`), so a `bisect-cli serve` sharing the database never runs or
+advances it.
+"""
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from sqlmodel import Session, col, select
+from sqlmodel import Session
 
 from runners.trial import Executor
 from runners.wire import Sample
-from service.models import Candidate, Job, JobStatus, Trial, TrialStatus, utcnow
-from service.scheduler import advance, cancel, candidates_of
+from service import queue
+from service.models import Candidate, Job, JobStatus, Trial
+from service.scheduler import advance, cancel
 from service.trials import record_report, trial_spec
 from service.verdicts import Verdict
 
 
-class Progress(Protocol):
+class TrialEvents(Protocol):
+    """What a local run tells its display as it goes."""
+
     def trial_started(self, candidate: Candidate, trial: Trial) -> None: ...
     def sample(self, sample: Sample) -> None: ...
     def trial_finished(self, candidate: Candidate, trial: Trial, verdict: Verdict) -> None: ...
@@ -23,7 +31,7 @@ class Progress(Protocol):
 
 @dataclass
 class Quiet:
-    """A progress sink that records what happened; used by tests and `--json` pipes."""
+    """Events that are only recorded; used by tests and `--json` pipes."""
 
     visited: list[str] = field(default_factory=list)
 
@@ -40,21 +48,12 @@ class Quiet:
         pass
 
 
-def _next_trial(session: Session, job: Job) -> Trial | None:
-    query = (
-        select(Trial)
-        .where(Trial.job_id == job.id, col(Trial.status) == TrialStatus.QUEUED)
-        .order_by(col(Trial.id))
-    )
-    return session.exec(query).first()
-
-
 def run_job(
     session: Session,
     job: Job,
     *,
     executor: Executor,
-    progress: Progress | None = None,
+    progress: TrialEvents | None = None,
     log: Callable[[str], None] | None = None,
 ) -> Job:
     progress = progress or Quiet()
@@ -63,17 +62,11 @@ def run_job(
             advance(session, job, slots=1)
             if JobStatus(job.status).finished:
                 return job
-            trial = _next_trial(session, job)
+            trial = queue.claim_local(session, job)
             if trial is None:
                 raise RuntimeError(f"job {job.id} is running but has no queued trial")
             candidate = session.get(Candidate, trial.candidate_id)
             assert candidate is not None
-            trial.status = TrialStatus.LEASED
-            trial.runner_id = "local"
-            trial.attempt += 1
-            trial.started_at = utcnow()
-            session.add(trial)
-            session.commit()
             progress.trial_started(candidate, trial)
             report = executor.run_trial(
                 trial_spec(job, candidate, trial), on_sample=progress.sample, log=log
@@ -87,4 +80,4 @@ def run_job(
         raise
 
 
-__all__ = ["Progress", "Quiet", "candidates_of", "run_job"]
+__all__ = ["Quiet", "TrialEvents", "run_job"]

@@ -1,8 +1,9 @@
 """SQLModel tables: jobs, their candidates, trials and memory samples.
 
-Wire models (what the API and CLI print) live in `service.schemas`; these are
-storage only. JSON columns hold lists and analysis dicts whose shape belongs to
-the code that writes them (the classifier, the environment builder).
+A job's options are defined once in `service.options.JobOptions`, which `Job` extends;
+wire models (what the API and CLI print) live in `service.schemas` and `service.report`.
+JSON columns hold lists and analysis dicts whose shape belongs to the code that writes
+them (the classifier, the environment builder).
 """
 
 from datetime import UTC, datetime
@@ -11,6 +12,8 @@ from typing import Any
 
 from sqlalchemy import JSON, BigInteger, Column, Index, Text
 from sqlmodel import Field, SQLModel
+
+from service.options import JobOptions
 
 
 def utcnow() -> datetime:
@@ -42,7 +45,9 @@ def _json(default: Any = None) -> Any:
     return Field(default_factory=lambda: [] if default is None else default, sa_column=Column(JSON))
 
 
-class Job(SQLModel, table=True):
+class Job(JobOptions, table=True):
+    """A bisection: its options (`JobOptions`) plus what the service adds and learns."""
+
     id: int | None = Field(default=None, primary_key=True)
     created_at: datetime = Field(default_factory=utcnow)
     updated_at: datetime = Field(default_factory=utcnow)
@@ -50,39 +55,20 @@ class Job(SQLModel, table=True):
     status: str = Field(default=JobStatus.QUEUED, index=True)
     message: str | None = Field(default=None, sa_column=Column(Text))
 
-    package: str = Field(index=True)
     good: str
     bad: str
-    find_fix: bool = False
-    script: str = Field(sa_column=Column(Text, nullable=False))
-    script_name: str = "repro.py"
     script_sha256: str = Field(index=True)
-
-    python: str | None = None
-    requirements: list[str] = _json()
-    index_url: str | None = None
-    extra_index_urls: list[str] = _json()
-    find_links: list[str] = _json()
-    pre: bool = False
-    skip_yanked: bool = False
-    as_released: bool = False
     # The good bound's resolved pins, holding the rest of the environment still.
     constraints: list[str] = _json()
-
-    repeats: int = 1
-    max_runs: int = 3
-    timeout_s: float = 600.0
-    memory_limit_bytes: int | None = Field(default=None, sa_column=Column(BigInteger))
-    sample_hz: float = 10.0
-    requires_gpu: bool = False
-    classifier: dict[str, Any] = _json({})
 
     # Planner outcome: indices into the candidate list plus the message.
     result: dict[str, Any] | None = Field(default=None, sa_column=Column(JSON))
     machine: dict[str, Any] | None = Field(default=None, sa_column=Column(JSON))
     # "cpu" or "gpu": part of the verdict-reuse key, since a GPU leak needs a GPU to show.
     hardware_class: str = "cpu"
-    reuse_verdicts: bool = True
+    # Made by `bisect-cli run`: that process runs it; no runner claims it and the service's
+    # maintenance never advances it, even when both share one database (service/queue.py).
+    local: bool = Field(default=False, index=True)
 
 
 class Candidate(SQLModel, table=True):

@@ -7,15 +7,25 @@ Lease rules
   `gpu_count > 0`. The oldest trial (lowest id) goes first.
 - A claim sets `status=leased`, `runner_id`, `attempt += 1`, `started_at=now` and
   `lease_expires_at = now + lease_s`. The pair (runner_id, attempt) names the lease.
-- Heartbeat, finish and give-back must name the current lease of a `leased` trial; anything else
-  raises `StaleLease` (the API answers 409 and the runner kills its trial). A trial id that does
-  not exist raises `LookupError`.
+- Heartbeat, lock-for-report and give-back must name the current lease of a `leased` trial;
+  anything else raises `StaleLease` (the API answers 409 and the runner kills its trial). A trial
+  id that does not exist raises `TrialNotFound`.
 - A heartbeat moves the deadline to `now + lease_s`.
 - Giving a lease back (runner shutdown) or a runner leaving requeues its trials with
   `attempt -= 1`: an orderly return is not a failed attempt.
 - The reaper takes leased trials whose deadline passed: below `max_attempts` they are queued
   again (runner and lease cleared; the next claim is the next attempt); at `max_attempts` every
   attempt has expired, so the trial is finished: `done`, verdict `error`, with the reason.
+- Local jobs (`Job.local`, made by `bisect-cli run`) belong to the process that runs them: no
+  runner can claim their trials (`claim`) and the service's maintenance never advances them.
+  That process leases its own trials with `claim_local`, under the same conditional UPDATE,
+  with no deadline (nothing else could take them over).
+- Cancelling a job's open trials (`cancel_open_trials`) is one conditional UPDATE of its queued
+  and leased trials, so a trial completed meanwhile keeps its result; a leased one's runner gets
+  409 at its next heartbeat.
+- `job_lock` holds a job against concurrent advances and cancels (service/scheduler.py): the
+  job row `FOR UPDATE` on Postgres (across processes), a process lock on SQLite (whose writers
+  are serialized anyway, but whose reads are not).
 
 Concurrency
 -----------
@@ -36,18 +46,24 @@ other claimers wait on the busy timeout (30 s, `service.db.make_engine`). That h
 threads and processes alike, and needs no change to how the driver begins transactions
 (BEGIN IMMEDIATE would need `isolation_level=None` on the engine).
 
-Each function commits, so each is one transaction - except `finish`, which leaves the transaction
-open holding the trial's row lock (Postgres) or the write lock (SQLite) so the caller records the
-report under the lease it checked and then commits.
+Each function commits, so each is one transaction - except `lock_for_report`, which leaves the
+transaction open holding the trial's row lock (Postgres) or the write lock (SQLite) so the caller
+records the report under the lease it checked and then commits, and `cancel_open_trials` and
+`job_lock`, which run inside the caller's transaction.
 """
 
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from datetime import datetime, timedelta
 from typing import Any
 
 from sqlalchemy import false, func, update
 from sqlmodel import Session, col, select
 
+from runners.errors import Conflict
 from service.models import Job, JobStatus, Runner, Trial, TrialStatus, utcnow
+from service.store import TrialNotFound
 from service.verdicts import Verdict
 
 OPEN_JOBS = (JobStatus.QUEUED, JobStatus.RUNNING)
@@ -61,7 +77,11 @@ _REQUEUE: dict[str, Any] = {
 }
 
 
-class StaleLease(Exception):
+# SQLite: one process lock for every job (the service is one process on SQLite).
+_sqlite_lock = threading.RLock()
+
+
+class StaleLease(Conflict):
     """The runner's lease on a trial is no longer current (HTTP 409)."""
 
 
@@ -82,11 +102,11 @@ def _holds(trial_id: int, runner_id: str, attempt: int) -> tuple[Any, ...]:
 def _load(session: Session, trial_id: int) -> Trial:
     trial = session.get(Trial, trial_id, populate_existing=True)
     if trial is None:
-        raise LookupError(f"trial {trial_id} not found")
+        raise TrialNotFound(f"trial {trial_id} not found")
     return trial
 
 
-def _stale(session: Session, trial_id: int, runner_id: str, attempt: int) -> StaleLease:
+def _why_stale(session: Session, trial_id: int, runner_id: str, attempt: int) -> StaleLease:
     session.rollback()  # release the lock the failed UPDATE may have taken (SQLite)
     trial = _load(session, trial_id)
     if trial.status == TrialStatus.CANCELLED:
@@ -107,7 +127,7 @@ def _checked(
     """Apply `values` if the lease is current, else raise StaleLease."""
     result = session.exec(_update(*_holds(trial_id, runner_id, attempt), **values))
     if result.rowcount != 1:
-        raise _stale(session, trial_id, runner_id, attempt)
+        raise _why_stale(session, trial_id, runner_id, attempt)
 
 
 def claim(
@@ -118,7 +138,11 @@ def claim(
     pick = (
         select(Trial.id)
         .join(Job, col(Job.id) == Trial.job_id)
-        .where(Trial.status == TrialStatus.QUEUED, col(Job.status).in_(OPEN_JOBS))
+        .where(
+            Trial.status == TrialStatus.QUEUED,
+            col(Job.status).in_(OPEN_JOBS),
+            col(Job.local) == false(),
+        )
         .order_by(col(Trial.id))
         .limit(1)
         .with_for_update(of=Trial, skip_locked=True)
@@ -155,7 +179,31 @@ def heartbeat(
     return _load(session, trial_id)
 
 
-def finish(session: Session, trial_id: int, runner_id: str, attempt: int) -> Trial:
+def claim_local(
+    session: Session, job: Job, runner_id: str = "local", now: datetime | None = None
+) -> Trial | None:
+    """Lease the oldest queued trial of a local job to its own process (no deadline)."""
+    now = now or utcnow()
+    pick = (
+        select(Trial.id)
+        .where(Trial.job_id == job.id, Trial.status == TrialStatus.QUEUED)
+        .order_by(col(Trial.id))
+        .limit(1)
+    )
+    stmt = _update(
+        col(Trial.id) == pick.scalar_subquery(),
+        Trial.status == TrialStatus.QUEUED,
+        status=TrialStatus.LEASED,
+        runner_id=runner_id,
+        attempt=Trial.attempt + 1,
+        started_at=now,
+    ).returning(Trial.id)
+    trial_id = session.exec(stmt).scalar_one_or_none()
+    session.commit()
+    return None if trial_id is None else _load(session, trial_id)
+
+
+def lock_for_report(session: Session, trial_id: int, runner_id: str, attempt: int) -> Trial:
     """Check the lease and lock the trial for the caller's report; does NOT commit.
 
     The lock is a no-op UPDATE under the lease condition: on Postgres it holds the row (like
@@ -250,3 +298,33 @@ def live_runners(
         .order_by(col(Runner.id))
     )
     return list(session.exec(query))
+
+
+def cancel_open_trials(session: Session, job: Job) -> int:
+    """Cancel the job's queued and leased trials in the caller's transaction; returns count."""
+    stmt = _update(
+        col(Trial.job_id) == job.id,
+        col(Trial.status).in_([TrialStatus.QUEUED, TrialStatus.LEASED]),
+        status=TrialStatus.CANCELLED,
+        lease_expires_at=None,
+    )
+    return session.exec(stmt).rowcount  # type: ignore[call-overload]
+
+
+@contextmanager
+def job_lock(session: Session, job: Job) -> Iterator[Job]:
+    """Hold `job` against concurrent advances and cancels; refreshes it from the database.
+
+    The lock ends with the caller's commit (Postgres) or the block (SQLite), so
+    commit inside the block.
+    """
+    sqlite = session.get_bind().dialect.name == "sqlite"
+    if sqlite:
+        _sqlite_lock.acquire()
+    try:
+        query = select(Job).where(Job.id == job.id).with_for_update()
+        session.exec(query.execution_options(populate_existing=True)).one()
+        yield job
+    finally:
+        if sqlite:
+            _sqlite_lock.release()

@@ -30,11 +30,16 @@ from packaging.utils import (
 )
 from packaging.version import InvalidVersion, Version
 
+from runners.errors import InvalidInput
+
 RANGE_SEPARATOR = ".."
 
 
-class RangeError(ValueError):
+class RangeError(InvalidInput):
     """A range that cannot be bisected; the message is one line, meant for the user."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, field="range")
 
 
 @dataclass(frozen=True)

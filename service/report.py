@@ -1,7 +1,17 @@
-"""The result of a job as one JSON-ready dict: `run`, `submit --wait`, `status`, the API."""
+"""The result of a job as one typed `Report`: what `run --json`, `submit --wait`, `status`,
+the API and (soon) the web page and the Markdown report all render.
+
+The boundary pair is kept in the planner's terms (`last_old`, `first_new`) and written out
+under the names a reader expects: ``last_good``/``first_bad``, or ``last_bad``/``first_good``
+for find-fix jobs, in the report and in each `dependency_diff` row. `Report.model_validate`
+reads that wire form back.
+"""
 
 import shlex
+from datetime import datetime
 from typing import Any
+
+from pydantic import BaseModel, Field, model_serializer, model_validator
 
 from runners.envs import freeze_diff, index_args
 from service.models import Candidate, Job, Trial, TrialStatus
@@ -9,52 +19,175 @@ from service.trials import env_spec
 from service.verdicts import Verdict
 
 EXIT_CODES = {"found": 0, "bounds_failed": 3, "inconclusive": 4, "error": 1, "cancelled": 1}
-UNJUDGED = {Verdict.SKIP, Verdict.ERROR, Verdict.INCONCLUSIVE}
 
 
 def boundary_names(find_fix: bool) -> tuple[str, str]:
-    """JSON keys for the planner's (last_old, first_new) pair."""
+    """Wire names of the planner's (last_old, first_new) pair."""
     return ("last_bad", "first_good") if find_fix else ("last_good", "first_bad")
 
 
-def candidate_rows(candidates: list[Candidate], trials: list[Trial]) -> list[dict[str, Any]]:
+class CandidateRow(BaseModel):
+    position: int
+    version: str
+    verdict: str | None
+    yanked: bool
+    yanked_reason: str | None = None
+    testable: bool
+    untestable_reason: str | None = None
+    trials: int
+    growth_mib: float | None = None
+    upload_time: str | None = None  # ISO 8601, as the index gave it
+    resolution: str | None = None
+    reused: bool = False
+
+
+class RunEvidence(BaseModel):
+    trial: int
+    verdict: str | None
+    exit_code: int | None
+    oom_killed: bool
+    duration_s: float | None
+    analysis: dict[str, Any] | None
+
+
+class Evidence(BaseModel):
+    version: str
+    verdict: str | None
+    runs: list[RunEvidence]
+
+
+class DependencyChange(BaseModel):
+    package: str
+    old: str | None  # in the last old (good) release's environment; None: absent
+    new: str | None
+
+
+class Report(BaseModel):
+    job_id: int | None
+    status: str
+    message: str | None = None
+    package: str
+    range: str
+    find_fix: bool = False
+    last_old: str | None = None
+    first_new: str | None = None
+    between: list[str] = Field(default_factory=list)
+    skipped: list[str] = Field(default_factory=list)
+    candidates: list[CandidateRow] = Field(default_factory=list)
+    trials: int = 0
+    dependency_diff: list[DependencyChange] = Field(default_factory=list)
+    evidence: list[Evidence] = Field(default_factory=list)
+    reproduce: str | None = None
+    machine: dict[str, Any] | None = None
+
+    @property
+    def names(self) -> tuple[str, str]:
+        return boundary_names(self.find_fix)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _from_wire(cls, data: Any) -> Any:
+        if not isinstance(data, dict) or "last_old" in data:
+            return data
+        old, new = boundary_names(bool(data.get("find_fix")))
+        data = {**data, "last_old": data.get(old), "first_new": data.get(new)}
+        data["dependency_diff"] = [
+            {"package": row["package"], "old": row.get(old), "new": row.get(new)}
+            for row in data.get("dependency_diff") or []
+        ]
+        return data
+
+    @model_serializer(mode="wrap")
+    def _to_wire(self, handler: Any) -> dict[str, Any]:
+        data = handler(self)
+        old, new = self.names
+        out: dict[str, Any] = {}
+        for key, value in data.items():
+            if key == "last_old":
+                out[old] = value
+            elif key == "first_new":
+                out[new] = value
+            elif key == "dependency_diff":
+                out[key] = [
+                    {"package": row["package"], old: row["old"], new: row["new"]}
+                    for row in value
+                ]
+            else:
+                out[key] = value
+        return out
+
+    def wire(self) -> dict[str, Any]:
+        """The JSON-ready dict (the `--json` output)."""
+        return self.model_dump(mode="json")
+
+
+class RunningTrial(BaseModel):
+    trial: int
+    version: str
+    runner: str | None
+    attempt: int
+    rss: int | None = Field(description="bytes at the last heartbeat; None before the first")
+
+
+class Progress(BaseModel):
+    candidates: int
+    judged: int
+    trials_done: int
+    trials_running: int
+    trials_queued: int
+    running: list[RunningTrial] = Field(default_factory=list)
+
+
+class JobPublic(Report):
+    """The report plus where the job stands: what `GET /jobs/{id}` answers."""
+
+    progress: Progress
+    created_at: datetime
+    finished_at: datetime | None
+
+    def report(self) -> Report:
+        """The report alone (the same as `bisect-cli run --json` prints)."""
+        return Report.model_validate(self.model_dump(include=set(Report.model_fields)))
+
+
+def candidate_rows(candidates: list[Candidate], trials: list[Trial]) -> list[CandidateRow]:
     done = [t for t in trials if t.status == TrialStatus.DONE]
     return [
-        {
-            "position": c.position,
-            "version": c.version,
-            "verdict": c.verdict,
-            "yanked": c.yanked,
-            "yanked_reason": c.yanked_reason,
-            "testable": c.testable,
-            "untestable_reason": c.untestable_reason,
-            "trials": sum(1 for t in done if t.candidate_id == c.id),
-            "growth_mib": None if c.growth_mib is None else round(c.growth_mib, 2),
-            "upload_time": c.upload_time.isoformat() if c.upload_time else None,
-            "resolution": c.resolution,
-            "reused": c.reused_from is not None,
-        }
+        CandidateRow(
+            position=c.position,
+            version=c.version,
+            verdict=c.verdict,
+            yanked=c.yanked,
+            yanked_reason=c.yanked_reason,
+            testable=c.testable,
+            untestable_reason=c.untestable_reason,
+            trials=sum(1 for t in done if t.candidate_id == c.id),
+            growth_mib=None if c.growth_mib is None else round(c.growth_mib, 2),
+            upload_time=c.upload_time.isoformat() if c.upload_time else None,
+            resolution=c.resolution,
+            reused=c.reused_from is not None,
+        )
         for c in candidates
     ]
 
 
-def evidence(candidate: Candidate, trials: list[Trial]) -> dict[str, Any]:
+def evidence(candidate: Candidate, trials: list[Trial]) -> Evidence:
     runs = [t for t in trials if t.candidate_id == candidate.id and t.status == TrialStatus.DONE]
-    return {
-        "version": candidate.version,
-        "verdict": candidate.verdict,
-        "runs": [
-            {
-                "trial": t.id,
-                "verdict": t.verdict,
-                "exit_code": t.exit_code,
-                "oom_killed": t.oom_killed,
-                "duration_s": t.duration_s,
-                "analysis": t.analysis,
-            }
+    return Evidence(
+        version=candidate.version,
+        verdict=candidate.verdict,
+        runs=[
+            RunEvidence(
+                trial=t.id,  # type: ignore[arg-type]
+                verdict=t.verdict,
+                exit_code=t.exit_code,
+                oom_killed=t.oom_killed,
+                duration_s=t.duration_s,
+                analysis=t.analysis,
+            )
             for t in runs
         ],
-    }
+    )
 
 
 def reproduce_command(job: Job, candidate: Candidate) -> str:
@@ -70,44 +203,51 @@ def reproduce_command(job: Job, candidate: Candidate) -> str:
     return " && ".join(shlex.join(part) for part in (venv, install, run))
 
 
-def build_report(job: Job, candidates: list[Candidate], trials: list[Trial]) -> dict[str, Any]:
-    old_key, new_key = boundary_names(job.find_fix)
+def _unjudged(candidate: Candidate) -> bool:
+    return not candidate.testable or (
+        candidate.verdict is not None and not Verdict(candidate.verdict).decisive
+    )
+
+
+def build_report(job: Job, candidates: list[Candidate], trials: list[Trial]) -> Report:
     result = job.result or {}
     by_version = {c.version: c for c in candidates}
     last_old = by_version.get(result.get("last_old") or "")
     first_new = by_version.get(result.get("first_new") or "")
-    report: dict[str, Any] = {
-        "job_id": job.id,
-        "status": job.status,
-        "message": job.message,
-        "package": job.package,
-        "range": f"{job.good}..{job.bad}",
-        "find_fix": job.find_fix,
-        old_key: last_old.version if last_old else None,
-        new_key: first_new.version if first_new else None,
-        "between": list(result.get("skipped", [])),
-        "skipped": [
-            c.version
-            for c in candidates
-            if not c.testable or (c.verdict is not None and Verdict(c.verdict) in UNJUDGED)
-        ],
-        "candidates": candidate_rows(candidates, trials),
-        "trials": sum(1 for t in trials if t.status == TrialStatus.DONE),
-        "dependency_diff": [],
-        "evidence": [],
-        "reproduce": None,
-        "machine": job.machine,
-    }
+    report = Report(
+        job_id=job.id,
+        status=job.status,
+        message=job.message,
+        package=job.package,
+        range=f"{job.good}..{job.bad}",
+        find_fix=job.find_fix,
+        last_old=last_old.version if last_old else None,
+        first_new=first_new.version if first_new else None,
+        between=list(result.get("skipped", [])),
+        skipped=[c.version for c in candidates if _unjudged(c)],
+        candidates=candidate_rows(candidates, trials),
+        trials=sum(1 for t in trials if t.status == TrialStatus.DONE),
+        machine=job.machine,
+    )
     if last_old and first_new:
-        report["dependency_diff"] = [
-            {"package": name, old_key: a, new_key: b}
+        report.dependency_diff = [
+            DependencyChange(package=name, old=a, new=b)
             for name, a, b in freeze_diff(last_old.freeze, first_new.freeze)
         ]
-        report["evidence"] = [evidence(last_old, trials), evidence(first_new, trials)]
+        report.evidence = [evidence(last_old, trials), evidence(first_new, trials)]
         leaking = first_new if not job.find_fix else last_old
-        report["reproduce"] = reproduce_command(job, leaking)
+        report.reproduce = reproduce_command(job, leaking)
     return report
 
 
 def exit_code(status: str) -> int:
     return EXIT_CODES.get(status, 1)
+
+
+def with_progress(report: Report, progress: Progress, job: Job) -> JobPublic:
+    return JobPublic(
+        **report.model_dump(),
+        progress=progress,
+        created_at=job.created_at,
+        finished_at=job.finished_at,
+    )

@@ -89,11 +89,11 @@ def key_material(job: Job, candidate: Candidate) -> dict[str, Any]:
         },
         "run": {
             "timeout_s": float(job.timeout_s),
-            "memory_limit_bytes": job.memory_limit_bytes,
+            "memory_limit_bytes": job.memory_limit,
             "sample_hz": float(job.sample_hz),
             "repeats": job.repeats,
         },
-        "classifier": asdict(ClassifierSettings(**(job.classifier or {}))),
+        "classifier": asdict(ClassifierSettings(**job.classifier)),
         "hardware_class": job.hardware_class,
         "requires_gpu": job.requires_gpu,
     }

@@ -5,10 +5,9 @@ local `bisect-cli run` loop and the service call `advance` after every
 completed trial, so the two modes walk exactly the same path.
 
 Concurrency: two runners completing trials of one job at once must not both
-queue the planner's picks. `advance` and `cancel` hold the job's lock: the job
-row `FOR UPDATE` on Postgres (across processes), a process lock on SQLite
-(whose writers are serialized anyway, but whose reads are not). Callers commit
-their own changes before calling either.
+queue the planner's picks. `advance` and `cancel` hold the job's lock
+(`queue.job_lock`: the job row `FOR UPDATE` on Postgres, a process lock on
+SQLite). Callers commit their own changes before calling either.
 
 Verdict reuse (service/reuse.py): a pick that an earlier job already judged
 under the same conditions is not queued; its verdicts are copied and the
@@ -16,54 +15,20 @@ planner is asked again, until it picks something that needs running or the
 search is over.
 """
 
-import threading
 from collections import defaultdict
-from collections.abc import Iterator
-from contextlib import contextmanager
 from statistics import median
 
-from sqlalchemy import update
-from sqlmodel import Session, col, select
+from sqlmodel import Session
 
 from service import queue, reuse
 from service.analysis import aggregate, needs_more_runs
 from service.models import Candidate, Job, JobStatus, Trial, TrialStatus, utcnow
 from service.planner import CandidateState, Outcome, Plan, plan
+from service.store import candidates_of, trials_of
 from service.verdicts import Verdict
 
-# SQLite: one process lock for every job (the service is one process on SQLite).
-_sqlite_lock = threading.RLock()
 # Marks the lines of job.message that `advance` owns (reuse notes).
 REUSE_MARK = " reused from job "
-
-
-def candidates_of(session: Session, job: Job) -> list[Candidate]:
-    query = select(Candidate).where(Candidate.job_id == job.id).order_by(col(Candidate.position))
-    return list(session.exec(query.execution_options(populate_existing=True)))
-
-
-def trials_of(session: Session, job: Job) -> list[Trial]:
-    query = select(Trial).where(Trial.job_id == job.id).order_by(col(Trial.id))
-    return list(session.exec(query.execution_options(populate_existing=True)))
-
-
-@contextmanager
-def job_lock(session: Session, job: Job) -> Iterator[Job]:
-    """Hold `job` against concurrent advances and cancels; refreshes it from the database.
-
-    The lock ends with the caller's commit (Postgres) or the block (SQLite), so
-    commit inside the block.
-    """
-    sqlite = session.get_bind().dialect.name == "sqlite"
-    if sqlite:
-        _sqlite_lock.acquire()
-    try:
-        query = select(Job).where(Job.id == job.id).with_for_update()
-        session.exec(query.execution_options(populate_existing=True)).one()
-        yield job
-    finally:
-        if sqlite:
-            _sqlite_lock.release()
 
 
 def slots_for(session: Session, job: Job, *, within_s: float = 60) -> int:
@@ -123,7 +88,7 @@ def _with_note(base: str | None, note: str | None) -> str | None:
 
 def advance(session: Session, job: Job, slots: int) -> Plan:
     """Move `job` one step: returns the planner's answer after queueing its picks."""
-    with job_lock(session, job):
+    with queue.job_lock(session, job):
         if JobStatus(job.status).finished:
             return Plan(run=(), outcome=None)
         candidates = candidates_of(session, job)
@@ -153,7 +118,7 @@ def advance(session: Session, job: Job, slots: int) -> Plan:
             candidate = candidates[index]
             _queue(session, job, candidate, len(candidate.evaluations) + 1, job.repeats)
         if step.outcome is not None:
-            finish(session, job, step.outcome, candidates)
+            conclude(session, job, step.outcome, candidates)
         else:
             if job.status == JobStatus.QUEUED:
                 job.status = JobStatus.RUNNING
@@ -165,7 +130,10 @@ def advance(session: Session, job: Job, slots: int) -> Plan:
         return step
 
 
-def finish(session: Session, job: Job, outcome: Outcome, candidates: list[Candidate]) -> None:
+def conclude(
+    session: Session, job: Job, outcome: Outcome, candidates: list[Candidate]
+) -> None:
+    """End the job with the planner's outcome and cancel whatever still runs."""
     def version(index: int | None) -> str | None:
         return None if index is None else candidates[index].version
 
@@ -181,35 +149,18 @@ def finish(session: Session, job: Job, outcome: Outcome, candidates: list[Candid
         "skipped": [candidates[i].version for i in outcome.skipped],
         "message": outcome.message,
     }
-    cancel_open_trials(session, job)
-
-
-def cancel_open_trials(session: Session, job: Job) -> int:
-    """Cancel the job's queued and leased trials; a leased one's runner gets 409 next.
-
-    One conditional UPDATE, so a trial completed meanwhile keeps its result.
-    """
-    stmt = (
-        update(Trial)
-        .where(
-            col(Trial.job_id) == job.id,
-            col(Trial.status).in_([TrialStatus.QUEUED, TrialStatus.LEASED]),
-        )
-        .values(status=TrialStatus.CANCELLED, lease_expires_at=None)
-        .execution_options(synchronize_session=False)
-    )
-    return session.exec(stmt).rowcount  # type: ignore[call-overload]
+    queue.cancel_open_trials(session, job)
 
 
 def cancel(session: Session, job: Job, message: str = "cancelled on request") -> bool:
     """Cancel an unfinished job and its open trials; False when it had already finished."""
-    with job_lock(session, job):
+    with queue.job_lock(session, job):
         if JobStatus(job.status).finished:
             return False
         job.status = JobStatus.CANCELLED
         job.message = _with_note(message, reuse.note(session, candidates_of(session, job)))
         job.finished_at = job.updated_at = utcnow()
         session.add(job)
-        cancel_open_trials(session, job)
+        queue.cancel_open_trials(session, job)
         session.commit()
         return True

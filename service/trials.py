@@ -37,9 +37,10 @@ def trial_spec(job: Job, candidate: Candidate, trial: Trial) -> TrialSpec:
         script=job.script,
         script_name=job.script_name,
         timeout_s=job.timeout_s,
-        memory_limit_bytes=job.memory_limit_bytes,
+        memory_limit_bytes=job.memory_limit,
         sample_hz=job.sample_hz,
         requires_gpu=job.requires_gpu,
+        variables=dict(job.variables),
     )
 
 

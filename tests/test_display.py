@@ -5,10 +5,13 @@ import io
 from rich.console import Console
 
 from service.cli.display import render_report, sparkline
+from service.report import Report
 
 
 def report(**fields) -> dict:
     base = {
+        "job_id": 1,
+        "range": "1.0.0..1.0.9",
         "status": "found",
         "find_fix": False,
         "package": "leakyfixture",
@@ -26,7 +29,7 @@ def report(**fields) -> dict:
 
 def text(rep: dict) -> str:
     out = io.StringIO()
-    render_report(Console(file=out, width=200, no_color=True), rep, {})
+    render_report(Console(file=out, width=200, no_color=True), Report.model_validate(rep), {})
     return out.getvalue()
 
 

@@ -154,14 +154,14 @@ def test_expired_lease_is_reaped_and_reclaimed(session: Session) -> None:
     with pytest.raises(StaleLease, match=f"^{stale}$"):
         queue.heartbeat(session, tid, "r-1", 1, lease_s=30)
     with pytest.raises(StaleLease, match=f"^{stale}$"):
-        queue.finish(session, tid, "r-1", 1)
+        queue.lock_for_report(session, tid, "r-1", 1)
 
-    trial = queue.finish(session, tid, "r-2", 2)  # the current lease may report
+    trial = queue.lock_for_report(session, tid, "r-2", 2)  # the current lease may report
     trial.status, trial.verdict = TrialStatus.DONE, "clean"
     session.commit()
     done = f"trial {tid} is done, not leased to runner r-2 attempt 2"
     with pytest.raises(StaleLease, match=f"^{done}$"):
-        queue.finish(session, tid, "r-2", 2)
+        queue.lock_for_report(session, tid, "r-2", 2)
 
 
 def test_max_attempts_exhausted_finishes_with_error(session: Session) -> None:

@@ -15,7 +15,8 @@ from service import reuse
 from service.api.maintenance import tick
 from service.db import make_engine, upgrade
 from service.models import Candidate, Job, JobStatus, Runner, Trial, TrialStatus, utcnow
-from service.scheduler import advance, cancel, cancel_open_trials, slots_for
+from service.queue import cancel_open_trials
+from service.scheduler import advance, cancel, slots_for
 from service.settings import Settings
 from service.verdicts import Verdict
 
@@ -120,7 +121,7 @@ def test_reuse_key_covers_what_decides_a_verdict(session: Session) -> None:
     base = key(session)
     assert key(session) == base
     # Same conditions written differently: the same key.
-    assert key(session, classifier={"warmup_fraction": 0.2}) == base  # the default, explicit
+    assert key(session, min_growth_mib=8.0) == base  # the default, explicit
     assert key(session, constraints=["numpy==2.0.0", "leakyfixture==1.0.2"]) == base  # own pin
     assert key(session, requirements=["b", "a"]) == key(session, requirements=["a", "b"])
     assert key(session, max_runs=5) == base  # only used to settle an inconclusive verdict
@@ -134,11 +135,11 @@ def test_reuse_key_covers_what_decides_a_verdict(session: Session) -> None:
         {"constraints": ["numpy==1.26.4"]},
         {"as_released": True},
         {"pre": True},
-        {"classifier": {"min_growth_mib": 4.0}},
+        {"min_growth_mib": 4.0},
         {"hardware_class": "gpu"},
         {"requires_gpu": True},
         {"timeout_s": 60.0},
-        {"memory_limit_bytes": 1 << 30},
+        {"memory_limit": 1 << 30},
         {"repeats": 3},
     ]:
         assert key(session, **change) != base, change

@@ -9,7 +9,7 @@ import logging
 import threading
 from datetime import timedelta
 
-from sqlalchemy import and_, or_
+from sqlalchemy import and_, false, or_
 from sqlalchemy.engine import Engine
 from sqlmodel import Session, col, select
 
@@ -36,9 +36,10 @@ def tick(session: Session, settings: Settings) -> list[int]:
     orphaned = and_(
         col(Job.status) == JobStatus.QUEUED, col(Job.created_at) < utcnow() - ORPHAN_AFTER
     )
+    # Local jobs (`bisect-cli run`) are advanced by their own process only.
     open_jobs = session.exec(
         select(Job.id)
-        .where(or_(col(Job.status) == JobStatus.RUNNING, orphaned))
+        .where(or_(col(Job.status) == JobStatus.RUNNING, orphaned), col(Job.local) == false())
         .order_by(col(Job.id))
     ).all()
     for job_id in open_jobs:

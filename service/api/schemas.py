@@ -4,10 +4,9 @@ service/schemas.py and runners/wire.py). Table models never go on the wire."""
 from datetime import datetime
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel
 
 from runners.wire import Sample
-from service.schemas import CandidatePublic
 
 
 class JobCreated(BaseModel):
@@ -35,43 +34,6 @@ class JobPage(BaseModel):
     total: int
     limit: int
     offset: int
-
-
-class RunningTrial(BaseModel):
-    trial: int
-    version: str
-    runner: str | None
-    attempt: int
-    rss: int | None = Field(description="bytes at the last heartbeat; None before the first")
-
-
-class Progress(BaseModel):
-    candidates: int
-    judged: int
-    trials_done: int
-    trials_running: int
-    trials_queued: int
-    running: list[RunningTrial] = Field(default_factory=list)
-
-
-class JobPublic(BaseModel):
-    """The report of service/report.py (the same dict as `bisect-cli run --json`) plus
-    `progress`, `created_at` and `finished_at`. Boundary keys are `last_good`/`first_bad`,
-    or `last_bad`/`first_good` for find-fix jobs; all report keys are passed through."""
-
-    model_config = ConfigDict(extra="allow")
-
-    job_id: int
-    status: str
-    message: str | None
-    package: str
-    range: str
-    find_fix: bool
-    candidates: list[CandidatePublic]
-    trials: int
-    progress: Progress
-    created_at: datetime
-    finished_at: datetime | None
 
 
 class TrialPublic(BaseModel):

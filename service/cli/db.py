@@ -5,8 +5,8 @@ import json
 import typer
 from sqlalchemy.engine import make_url
 
-from service.cli import options as o
 from service.cli.errors import fail
+from service.cli.options import DatabaseUrl, Json
 from service.db import upgrade as upgrade_schema
 from service.settings import get_settings
 
@@ -26,7 +26,7 @@ def shown(url: str) -> str:
 
 
 @app.command()
-def upgrade(database_url: o.DatabaseUrl = None, json_: o.Json = False) -> None:
+def upgrade(database_url: DatabaseUrl = None, json_: Json = False) -> None:
     """Apply every pending migration (idempotent; `serve` does it at start too).
 
     Exit status: 0 done, 2 the database cannot be opened.

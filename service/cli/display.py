@@ -10,6 +10,7 @@ from rich.text import Text
 
 from runners.wire import Sample
 from service.models import Candidate, Trial
+from service.report import CandidateRow, Report
 from service.verdicts import Verdict
 
 STYLE = {
@@ -133,79 +134,98 @@ class LineProgress:
         self.console.print(text)
 
 
-def render_report(console: Console, report: dict[str, Any], curves: dict[int, list[float]]) -> None:
-    old_key, new_key = (
-        ("last_bad", "first_good") if report["find_fix"] else ("last_good", "first_bad")
-    )
-    status = report["status"]
-    if status == "found":
-        headline = (
-            f"[bold]{report['package']}[/]: {new_key.replace('_', ' ')} is "
-            f"[bold red]{report[new_key]}[/], "
-            f"{old_key.replace('_', ' ')} is [bold green]{report[old_key]}[/]"
+def render_report(console: Console, report: Report, curves: dict[int, list[float]]) -> None:
+    """The text report: headline, candidates, evidence, dependency diff, machine, reproduce."""
+    _headline(console, report)
+    console.print(_candidate_table(report))
+    _evidence(console, report, curves)
+    _dependency_diff(console, report)
+    if report.machine:
+        console.print(f"machine: {_machine_text(report.machine)}")
+    if report.reproduce:
+        console.print(f"reproduce: {report.reproduce}", soft_wrap=True)
+
+
+def _headline(console: Console, report: Report) -> None:
+    old_key, new_key = (name.replace("_", " ") for name in report.names)
+    if report.status == "found":
+        console.print(
+            f"[bold]{report.package}[/]: {new_key} is [bold red]{report.first_new}[/], "
+            f"{old_key} is [bold green]{report.last_old}[/]"
         )
     else:
-        headline = f"[bold]{report['package']}[/]: {status.replace('_', ' ')}"
-    console.print(headline)
-    if report.get("message"):
-        console.print(report["message"])
-    if status == "bounds_failed" and "does not leak" in (report.get("message") or ""):
+        console.print(f"[bold]{report.package}[/]: {report.status.replace('_', ' ')}")
+    if report.message:
+        console.print(report.message)
+    if report.status == "bounds_failed" and "does not leak" in (report.message or ""):
         console.print(
             "hint: a leak that grows less than the threshold during one run counts as clean; "
             "run the repro longer (more steps) or lower --min-growth"
         )
 
+
+def _notes(row: CandidateRow) -> str:
+    notes = []
+    if row.yanked:
+        notes.append(f"yanked: {row.yanked_reason or 'no reason given'}")
+    if not row.testable:
+        notes.append(f"untestable: {row.untestable_reason}")
+    if row.resolution and row.resolution != "constrained":
+        notes.append(f"resolution: {row.resolution}")
+    if row.reused:
+        notes.append("verdict reused")
+    return "; ".join(notes)
+
+
+def _candidate_table(report: Report) -> Table:
     table = Table(title="candidates", title_justify="left")
     for name in ("version", "verdict", "trials", "growth MiB", "notes"):
         table.add_column(name)
-    for row in report["candidates"]:
-        notes = []
-        if row["yanked"]:
-            notes.append(f"yanked: {row['yanked_reason'] or 'no reason given'}")
-        if not row["testable"]:
-            notes.append(f"untestable: {row['untestable_reason']}")
-        if row["resolution"] and row["resolution"] != "constrained":
-            notes.append(f"resolution: {row['resolution']}")
-        if row["reused"]:
-            notes.append("verdict reused")
-        growth = "" if row["growth_mib"] is None else f"{row['growth_mib']:+.1f}"
-        verdict = row["verdict"] or ("untestable" if not row["testable"] else "not tested")
-        table.add_row(row["version"], verdict, str(row["trials"]), growth, "; ".join(notes))
-    console.print(table)
+    for row in report.candidates:
+        growth = "" if row.growth_mib is None else f"{row.growth_mib:+.1f}"
+        verdict = row.verdict or ("untestable" if not row.testable else "not tested")
+        table.add_row(row.version, verdict, str(row.trials), growth, _notes(row))
+    return table
 
-    for item in report["evidence"]:
-        console.print(f"[bold]evidence {item['version']}[/] ({item['verdict']})")
-        for run in item["runs"]:
-            analysis = run["analysis"] or {}
-            console.print(f"  trial {run['trial']}: {run['verdict']}: {analysis.get('reason', '')}")
-            curve = curves.get(run["trial"])
+
+def _evidence(console: Console, report: Report, curves: dict[int, list[float]]) -> None:
+    for item in report.evidence:
+        console.print(f"[bold]evidence {item.version}[/] ({item.verdict})")
+        for run in item.runs:
+            reason = (run.analysis or {}).get("reason", "")
+            console.print(f"  trial {run.trial}: {run.verdict}: {reason}")
+            curve = curves.get(run.trial)
             if curve:
                 low, high = min(curve) / 2**20, max(curve) / 2**20
                 console.print(f"  rss {sparkline(curve)}  {low:.0f}..{high:.0f} MiB")
-    if report["dependency_diff"]:
+
+
+def _dependency_diff(console: Console, report: Report) -> None:
+    old_key, new_key = report.names
+    if report.dependency_diff:
         diff = Table(title="what else changed between the boundary pair", title_justify="left")
         for name in ("package", old_key, new_key):
             diff.add_column(name)
-        for row in report["dependency_diff"]:
-            diff.add_row(row["package"], row[old_key] or "-", row[new_key] or "-")
+        for row in report.dependency_diff:
+            diff.add_row(row.package, row.old or "-", row.new or "-")
         console.print(diff)
-    elif report["evidence"]:
-        console.print(f"no other package changed between {report[old_key]} and {report[new_key]}")
-    machine = report.get("machine") or {}
-    if machine:
-        gpu = machine.get("gpu")
-        gpu_text = (
-            f"{gpu.get('name')} x{gpu.get('count')}, "
-            f"driver {gpu.get('driver')}, CUDA {gpu.get('cuda')}"
-            if gpu
-            else "none"
-        )
+    elif report.evidence:
         console.print(
-            f"machine: Python {machine['python']}, {machine['os']}, {machine['cpu']} "
-            f"({machine['cpus']} CPUs), {machine['memory_bytes'] / 2**30:.1f} GiB; GPU: {gpu_text}"
+            f"no other package changed between {report.last_old} and {report.first_new}"
         )
-    if report.get("reproduce"):
-        console.print(f"reproduce: {report['reproduce']}", soft_wrap=True)
+
+
+def _machine_text(machine: dict[str, Any]) -> str:
+    gpu = machine.get("gpu")
+    gpu_text = (
+        f"{gpu.get('name')} x{gpu.get('count')}, driver {gpu.get('driver')}, CUDA {gpu.get('cuda')}"
+        if gpu
+        else "none"
+    )
+    return (
+        f"Python {machine['python']}, {machine['os']}, {machine['cpu']} "
+        f"({machine['cpus']} CPUs), {machine['memory_bytes'] / 2**30:.1f} GiB; GPU: {gpu_text}"
+    )
 
 
 def _progress_text(report: dict[str, Any]) -> str:

@@ -1,36 +1,50 @@
-"""One-line errors with documented exit statuses, never a traceback."""
+"""One-line errors with documented exit statuses, never a traceback.
+
+Exit statuses, in one place: 2 bad input (a `LeakbisectError` of kind InvalidInput,
+NotFound, Conflict or Forbidden, or a refused request), 1 internal or unavailable
+(Unavailable, a server that cannot be reached, anything unexpected). The outcome statuses
+of a finished job (0 found, 3 bounds failed, 4 inconclusive) are `service.report.exit_code`.
+"""
 
 import os
 from typing import NoReturn
 
 import typer
 
+from runners.errors import Conflict, Forbidden, InvalidInput, LeakbisectError, NotFound
+from service.options import flag_names
+
 BAD_INPUT = 2
 INTERNAL = 1
 
-# JobCreate field -> the flag a user typed, so messages name what they can fix.
-FLAGS = {
-    "package": "--package",
-    "range": "--range",
-    "script": "SCRIPT",
-    "python": "--python",
-    "requirements": "--with/-r",
-    "index_url": "--index-url",
-    "extra_index_urls": "--extra-index-url",
-    "find_links": "--find-links",
-    "repeats": "--repeats",
-    "max_runs": "--max-runs",
-    "timeout_s": "--timeout",
-    "memory_limit": "--memory-limit",
-    "sample_hz": "--sample-hz",
-    "min_growth_mib": "--min-growth",
-    "min_growth_fraction": "--min-growth-fraction",
+EXIT_STATUS: dict[type[LeakbisectError], int] = {
+    InvalidInput: BAD_INPUT,
+    NotFound: BAD_INPUT,
+    Conflict: BAD_INPUT,
+    Forbidden: BAD_INPUT,
 }
+
+# Field -> the flag a user typed, so messages name what they can fix.
+FLAGS = flag_names()
+
+
+def exit_status(exc: LeakbisectError) -> int:
+    for kind, code in EXIT_STATUS.items():
+        if isinstance(exc, kind):
+            return code
+    return INTERNAL
 
 
 def fail(message: str, code: int = BAD_INPUT) -> NoReturn:
     typer.echo(f"error: {message}", err=True)
     raise typer.Exit(code)
+
+
+def fail_with(exc: LeakbisectError) -> NoReturn:
+    """A leakbisect error as one line, its field shown as the flag the user typed."""
+    shown = exc.field and exc.show_field_on_cli
+    message = f"{FLAGS.get(exc.field, exc.field)}: {exc}" if shown else str(exc)
+    fail(message, exit_status(exc))
 
 
 def validation_message(exc: Exception) -> str:

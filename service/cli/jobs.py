@@ -12,9 +12,10 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from service.cli import options as o
 from service.cli.display import render_report
+from service.cli.options import Json
 from service.cli.remote import DEFAULT_SERVER, Server, Token, api_errors, make_client
+from service.report import Report
 
 JobId = Annotated[int, typer.Argument(help="The job's id (from submit or list).", min=1)]
 TrialId = Annotated[int, typer.Argument(help="The trial's id (from status --json).", min=1)]
@@ -37,7 +38,7 @@ def status(
     job: JobId,
     server: Server = DEFAULT_SERVER,
     token: Token = None,
-    json_: o.Json = False,
+    json_: Json = False,
 ) -> None:
     """Show a job: status, progress, candidates with verdicts and, once found, the result."""
     with make_client(server, token) as client, api_errors():
@@ -47,7 +48,7 @@ def status(
         return
     console = Console()
     console.print(_progress_line(report))
-    render_report(console, report, {})
+    render_report(console, Report.model_validate(report), {})
 
 
 def _result(item: dict[str, Any]) -> str:
@@ -74,7 +75,7 @@ def list_jobs(
     offset: Annotated[int, typer.Option("--offset", min=0, help="Jobs to skip.")] = 0,
     server: Server = DEFAULT_SERVER,
     token: Token = None,
-    json_: o.Json = False,
+    json_: Json = False,
 ) -> None:
     """List jobs, newest first."""
     with make_client(server, token) as client, api_errors():
@@ -101,7 +102,7 @@ def cancel(
     job: JobId,
     server: Server = DEFAULT_SERVER,
     token: Token = None,
-    json_: o.Json = False,
+    json_: Json = False,
 ) -> None:
     """Cancel a job: queued trials are dropped, running ones killed by their runners."""
     with make_client(server, token) as client, api_errors():
@@ -116,7 +117,7 @@ def logs(
     trial: TrialId,
     server: Server = DEFAULT_SERVER,
     token: Token = None,
-    json_: o.Json = False,
+    json_: Json = False,
 ) -> None:
     """Print a trial's log tail (the end of the script's output) after a summary line."""
     with make_client(server, token) as client, api_errors():

@@ -1,13 +1,31 @@
-"""Options shared by `run` and `submit`: one definition, one help text."""
+"""Command-line options: the job's derived from `service.options.JobOptions`, the rest here.
 
+`with_job_options(command)` gives a command one Typer option per job option that offers
+that command, with the flag, help text and default the field declares; the command takes
+them as ``**options`` and turns them into a `JobCreate` with `job_request`. So `run` and
+`submit` never restate an option, and a new option appears on both by itself.
+"""
+
+import inspect
+import types
+from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any, TypeVar, Union, get_origin
 
 import typer
+from pydantic import ValidationError
+from pydantic.fields import FieldInfo
 
-from service.units import SIZE_HELP
+from service.cli.errors import fail, validation_message
+from service.options import cli_of, option_fields
+from service.schemas import JobCreate
 
-Package = Annotated[str | None, typer.Option("--package", "-p", help="Package to bisect.")]
+F = TypeVar("F", bound=Callable[..., Any])
+
+# Options whose command-line form is text the CLI converts (the field validates the result).
+TEXT_ON_CLI = {"memory_limit", "variables"}
+
+Script = Annotated[Path | None, typer.Argument(help="The repro script.", show_default=False)]
 Range = Annotated[
     str | None,
     typer.Option(
@@ -15,84 +33,8 @@ Range = Annotated[
         help="GOOD..BAD, both ends included (with --find-fix: OLD..NEW, OLD leaks).",
     ),
 ]
-IndexUrl = Annotated[
-    str | None,
-    typer.Option("--index-url", help="Simple index to list and install from (default PyPI)."),
-]
-ExtraIndexUrl = Annotated[
-    list[str] | None, typer.Option("--extra-index-url", help="Another index; repeatable.")
-]
-FindLinks = Annotated[
-    list[str] | None, typer.Option("--find-links", help="Directory of wheels/sdists; repeatable.")
-]
-With = Annotated[
-    list[str] | None,
-    typer.Option("--with", help="Another requirement of the repro, e.g. 'numpy<2'; repeatable."),
-]
 RequirementsFile = Annotated[
     Path | None, typer.Option("--requirements", "-r", help="File of further requirements.")
-]
-Python = Annotated[
-    str | None, typer.Option("--python", help="Python version for the environments, e.g. 3.12.")
-]
-Pre = Annotated[bool, typer.Option("--pre", help="Include pre-releases in the range.")]
-SkipYanked = Annotated[bool, typer.Option("--skip-yanked", help="Drop yanked releases.")]
-AsReleased = Annotated[
-    bool,
-    typer.Option(
-        "--as-released",
-        help="Resolve each candidate as on its upload day (uv --exclude-newer) instead of "
-        "holding other packages at the good bound's versions.",
-    ),
-]
-FindFix = Annotated[
-    bool, typer.Option("--find-fix", help="Find the first release that no longer leaks.")
-]
-Repeats = Annotated[int, typer.Option("--repeats", min=1, max=20, help="Runs per candidate.")]
-MaxRuns = Annotated[
-    int,
-    typer.Option("--max-runs", min=1, max=50, help="Runs per candidate while inconclusive."),
-]
-Timeout = Annotated[
-    float, typer.Option("--timeout", min=1, help="Seconds one run may take before it is killed.")
-]
-MemoryLimit = Annotated[
-    str | None,
-    typer.Option("--memory-limit", help=f"Hard cap per run: {SIZE_HELP} (default 80% of RAM)."),
-]
-SampleHz = Annotated[
-    float,
-    typer.Option(
-        "--sample-hz",
-        min=0.1,
-        max=100,
-        help="Memory samples per second (50 per second for the first 30 s of a run).",
-    ),
-]
-MinGrowth = Annotated[
-    float | None,
-    typer.Option(
-        "--min-growth",
-        min=0.001,
-        help="MiB the memory floor must grow over a run to count as a leak (default 8).",
-    ),
-]
-MinGrowthFraction = Annotated[
-    float | None,
-    typer.Option(
-        "--min-growth-fraction",
-        min=0,
-        help="Growth as a fraction of the baseline floor that must also be exceeded "
-        "(default 0.05).",
-    ),
-]
-Reuse = Annotated[
-    bool,
-    typer.Option(
-        "--reuse/--no-reuse",
-        help="Reuse verdicts of earlier jobs judged under the same conditions "
-        "(script, package, version, environment, classifier, hardware class).",
-    ),
 ]
 Json = Annotated[bool, typer.Option("--json", help="Print one JSON object on stdout.")]
 DatabaseUrl = Annotated[
@@ -102,4 +44,154 @@ DatabaseUrl = Annotated[
         envvar="BISECT_DATABASE_URL",
         help="Where results go (default: SQLite in the per-user data folder).",
     ),
+]
+
+
+def _cli_type(name: str, info: FieldInfo) -> Any:
+    """The Python type Typer parses the option as."""
+    annotation = info.annotation
+    if name in TEXT_ON_CLI:
+        return list[str] | None if get_origin(annotation) is dict else str | None
+    if get_origin(annotation) is list:
+        return list[str] | None
+    if get_origin(annotation) in (Union, types.UnionType):
+        return annotation  # X | None
+    if info.default is None or info.is_required():
+        return annotation | None
+    return annotation
+
+
+def _typer_option(name: str, info: FieldInfo) -> Any:
+    cli = cli_of(info)
+    assert cli is not None
+    flag = cli["flag"]
+    decls = [flag] if flag.count("--") == 2 else flag.split("/")
+    bounds: dict[str, Any] = {}
+    for meta in [] if name in TEXT_ON_CLI else info.metadata:
+        if (ge := getattr(meta, "ge", None)) is not None:
+            bounds["min"] = ge
+        if (le := getattr(meta, "le", None)) is not None:
+            bounds["max"] = le
+    return typer.Option(*decls, help=info.description, metavar=cli["metavar"], **bounds)
+
+
+def job_option_params(command: str) -> list[inspect.Parameter]:
+    """One keyword parameter per job option offered by `command`, in definition order."""
+    params = []
+    for name, info in option_fields(command).items():
+        # Lists and required fields start as None on the CLI (job_request fills them in or
+        # names what is missing); everything else starts at the field's default.
+        default = info.default
+        if info.default_factory is not None or info.is_required() or name in TEXT_ON_CLI:
+            default = None
+        annotation = Annotated[_cli_type(name, info), _typer_option(name, info)]
+        params.append(
+            inspect.Parameter(
+                name, inspect.Parameter.KEYWORD_ONLY, default=default, annotation=annotation
+            )
+        )
+    return params
+
+
+def _param(name: str, annotation: Any) -> inspect.Parameter:
+    return inspect.Parameter(
+        name, inspect.Parameter.KEYWORD_ONLY, default=None, annotation=annotation
+    )
+
+
+def with_job_options(command: str) -> Callable[[F], F]:
+    """Add SCRIPT, --range, the job options and -r to a Typer command.
+
+    The command takes them as ``**options`` (``script``, ``range_``, ``requirements_file``
+    and one entry per job option) and hands them to `job_request`; its own parameters
+    are listed after them.
+    """
+
+    def decorate(func: F) -> F:
+        signature = inspect.signature(func)
+        own = [
+            p.replace(kind=inspect.Parameter.KEYWORD_ONLY)
+            for p in signature.parameters.values()
+            if p.kind is not inspect.Parameter.VAR_KEYWORD
+        ]
+        params = [
+            _param("script", Script),
+            _param("range_", Range),
+            *job_option_params(command),
+            _param("requirements_file", RequirementsFile),
+            *own,
+        ]
+        func.__signature__ = signature.replace(parameters=params)  # type: ignore[attr-defined]
+        func.__annotations__ = {
+            **{p.name: p.annotation for p in params},
+            "return": signature.return_annotation,
+        }
+        return func
+
+    return decorate
+
+
+def read_requirements(path: Path) -> list[str]:
+    try:
+        lines = path.read_text().splitlines()
+    except OSError as exc:
+        fail(f"-r: cannot read {path}: {exc.strerror}")
+    return [
+        line.split(" #", 1)[0].strip()
+        for line in lines
+        if line.strip() and not line.startswith("#")
+    ]
+
+
+def parse_variables(items: list[str] | None) -> dict[str, str]:
+    """``--env KEY=VALUE`` items -> a mapping; one-line error for a malformed item."""
+    variables: dict[str, str] = {}
+    for item in items or []:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            fail(f"--env: {item!r} is not KEY=VALUE")
+        variables[key] = value
+    return variables
+
+
+def build_request(script: Path, range_: str, **fields: Any) -> JobCreate:
+    if not script.is_file():
+        fail(f"SCRIPT: {script} does not exist or is not a file")
+    try:
+        return JobCreate(range=range_, script=script.read_text(), script_name=script.name, **fields)
+    except ValidationError as exc:
+        fail(validation_message(exc))
+
+
+def job_request(
+    options: dict[str, Any], *, build: Callable[..., JobCreate] = build_request
+) -> JobCreate:
+    """The `JobCreate` of a command's ``**options``; bad input fails with one line."""
+    options = dict(options)
+    script: Path | None = options.pop("script", None)
+    range_: str | None = options.pop("range_", None)
+    requirements_file: Path | None = options.pop("requirements_file", None)
+    if script is None:
+        fail("SCRIPT: missing; give a repro script, or --example for the bundled one")
+    if not options.get("package"):
+        fail("--package: missing; name the package whose releases to bisect")
+    if not range_:
+        fail("--range: missing; write GOOD..BAD, e.g. 0.11.8..0.11.19")
+    fields = {k: v for k, v in options.items() if v is not None}
+    requirements = list(fields.pop("requirements", []))
+    if requirements_file is not None:
+        requirements += read_requirements(requirements_file)
+    if "variables" in fields:
+        fields["variables"] = parse_variables(fields["variables"])
+    return build(script, range_, requirements=requirements, **fields)
+
+
+__all__ = [
+    "DatabaseUrl",
+    "Json",
+    "Range",
+    "RequirementsFile",
+    "Script",
+    "job_request",
+    "with_job_options",
 ]

@@ -46,9 +46,9 @@ from runners.agent import GRACE_S, Agent, default_name, describe_capabilities, s
 from runners.client import ApiClient, ApiError, ApiUnreachable
 from runners.nvml import GpuProbe
 from runners.trial import LocalExecutor
-from service.cli import options as o
 from service.cli.db import shown
 from service.cli.errors import INTERNAL, fail
+from service.cli.options import DatabaseUrl
 from service.db import upgrade
 from service.settings import Settings, get_settings
 
@@ -101,7 +101,7 @@ def serve(
     port: Annotated[
         int, typer.Option("--port", min=0, max=65535, help="Port to listen on (0: any free).")
     ] = 8000,
-    database_url: o.DatabaseUrl = None,
+    database_url: DatabaseUrl = None,
     runners: Annotated[
         int, typer.Option("--runners", min=0, max=64, help="Embedded local runner agents.")
     ] = 1,

@@ -3,18 +3,18 @@
 import json
 import sys
 import time
-from pathlib import Path
 from typing import Annotated, Any
 
 import typer
 from rich.console import Console
 
 from runners.client import ApiClient, ApiError, ApiUnreachable
-from service.cli import options as o
 from service.cli.display import JobProgress
 from service.cli.errors import BAD_INPUT, INTERNAL, fail
+from service.cli.options import Json, job_request, with_job_options
 from service.cli.remote import DEFAULT_SERVER, Server, Token, api_errors, make_client
-from service.cli.run import job_request, print_report
+from service.cli.run import print_report
+from service.report import Report
 
 POLL_S = 1.0
 FINISHED = {"found", "bounds_failed", "inconclusive", "error", "cancelled"}
@@ -45,44 +45,23 @@ def wait_for(
             time.sleep(poll_s)
 
 
+Wait = Annotated[
+    bool,
+    typer.Option(
+        "--wait",
+        help="Follow the job until it finishes; then print the report and exit as "
+        "`bisect-cli run` does.",
+    ),
+]
+
+
+@with_job_options("submit")
 def submit(
-    script: Annotated[
-        Path | None, typer.Argument(help="The repro script.", show_default=False)
-    ] = None,
-    package: o.Package = None,
-    range_: o.Range = None,
-    index_url: o.IndexUrl = None,
-    extra_index_url: o.ExtraIndexUrl = None,
-    find_links: o.FindLinks = None,
-    with_: o.With = None,
-    requirements: o.RequirementsFile = None,
-    python: o.Python = None,
-    pre: o.Pre = False,
-    skip_yanked: o.SkipYanked = False,
-    as_released: o.AsReleased = False,
-    find_fix: o.FindFix = False,
-    repeats: o.Repeats = 1,
-    max_runs: o.MaxRuns = 3,
-    timeout: o.Timeout = 600.0,
-    memory_limit: o.MemoryLimit = None,
-    sample_hz: o.SampleHz = 10.0,
-    requires_gpu: Annotated[
-        bool, typer.Option("--requires-gpu", help="Run only on runners with a GPU.")
-    ] = False,
-    min_growth: o.MinGrowth = None,
-    min_growth_fraction: o.MinGrowthFraction = None,
-    reuse: o.Reuse = True,
-    wait: Annotated[
-        bool,
-        typer.Option(
-            "--wait",
-            help="Follow the job until it finishes; then print the report and exit as "
-            "`bisect-cli run` does.",
-        ),
-    ] = False,
+    wait: Wait = False,
     server: Server = DEFAULT_SERVER,
     token: Token = None,
-    json_: o.Json = False,
+    json_: Json = False,
+    **options: Any,
 ) -> None:
     """Submit a bisection to a leakbisect server and print the job's URL.
 
@@ -92,32 +71,9 @@ def submit(
     submitted. Always: 2 bad input or a request the server refused (HTTP 4xx),
     1 server unreachable or failing, 130 interrupted while waiting (the job goes on).
     """
-    if script is None:
+    if options.get("script") is None:
         fail("SCRIPT: missing; give the repro script to run")
-    request = job_request(
-        script,
-        package,
-        range_,
-        with_=with_,
-        requirements_file=requirements,
-        python=python,
-        index_url=index_url,
-        extra_index_urls=extra_index_url or [],
-        find_links=find_links or [],
-        pre=pre,
-        skip_yanked=skip_yanked,
-        as_released=as_released,
-        find_fix=find_fix,
-        repeats=repeats,
-        max_runs=max_runs,
-        timeout_s=timeout,
-        memory_limit=memory_limit,
-        sample_hz=sample_hz,
-        requires_gpu=requires_gpu,
-        min_growth_mib=min_growth,
-        min_growth_fraction=min_growth_fraction,
-        reuse_verdicts=reuse,
-    )
+    request = job_request(options)
     payload = request.model_dump(mode="json")
     err = Console(stderr=True)
     client = make_client(server, token)
@@ -145,6 +101,4 @@ def submit(
             code = BAD_INPUT if isinstance(exc, ApiError) and exc.status < 500 else INTERNAL
             fail(f"{exc} (job {job_id} may still be running: {url})", code)
     # The same report as `bisect-cli run --json`: the server's extras are not part of it.
-    for key in ("progress", "created_at", "finished_at"):
-        report.pop(key, None)
-    print_report(report, curves, json_)
+    print_report(Report.model_validate(report), curves, json_)

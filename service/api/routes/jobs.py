@@ -1,19 +1,18 @@
 """Jobs: submit, list, show, cancel (API tokens)."""
 
-from typing import Annotated, Any
+from typing import Annotated
 
-from fastapi import APIRouter, HTTPException, Query, Request, status
-from sqlalchemy import func
-from sqlmodel import Session, col, select
+from fastapi import APIRouter, Query, Request, status
+from sqlmodel import Session
 
+from runners.errors import Conflict
+from service import store
 from service.api.deps import ClientAuth, SessionDep, SettingsDep
-from service.api.schemas import JobCreated, JobPage, JobPublic, JobSummary
-from service.index import IndexUnavailable
-from service.jobs import JobRejected, create_job
+from service.api.schemas import JobCreated, JobPage, JobSummary
+from service.jobs import create_job
 from service.models import Job, JobStatus, TrialStatus
-from service.releases import RangeError
-from service.report import build_report
-from service.scheduler import advance, cancel, candidates_of, slots_for, trials_of
+from service.report import JobPublic, Progress, RunningTrial, build_report, with_progress
+from service.scheduler import advance, cancel, slots_for
 from service.schemas import JobCreate
 from service.settings import Settings
 
@@ -25,39 +24,30 @@ def job_url(request: Request, settings: Settings, job_id: int) -> str:
     return f"{base}/api/v1/jobs/{job_id}"
 
 
-def get_job(session: Session, job_id: int) -> Job:
-    job = session.get(Job, job_id)
-    if job is None:
-        raise HTTPException(status.HTTP_404_NOT_FOUND, detail=f"job {job_id} not found")
-    return job
-
-
-def job_public(session: Session, job: Job) -> dict[str, Any]:
-    candidates = candidates_of(session, job)
-    trials = trials_of(session, job)
-    report = build_report(job, candidates, trials)
+def job_public(session: Session, job: Job) -> JobPublic:
+    candidates = store.candidates_of(session, job)
+    trials = store.trials_of(session, job)
     count = {s: sum(1 for t in trials if t.status == s) for s in TrialStatus}
-    report["progress"] = {
-        "candidates": len(candidates),
-        "judged": sum(1 for c in candidates if c.verdict is not None),
-        "trials_done": count[TrialStatus.DONE],
-        "trials_running": count[TrialStatus.LEASED],
-        "trials_queued": count[TrialStatus.QUEUED],
-        "running": [
-            {
-                "trial": t.id,
-                "version": next(c.version for c in candidates if c.id == t.candidate_id),
-                "runner": t.runner_id,
-                "attempt": t.attempt,
-                "rss": t.rss,
-            }
+    version = {c.id: c.version for c in candidates}
+    progress = Progress(
+        candidates=len(candidates),
+        judged=sum(1 for c in candidates if c.verdict is not None),
+        trials_done=count[TrialStatus.DONE],
+        trials_running=count[TrialStatus.LEASED],
+        trials_queued=count[TrialStatus.QUEUED],
+        running=[
+            RunningTrial(
+                trial=t.id,  # type: ignore[arg-type]
+                version=version[t.candidate_id],
+                runner=t.runner_id,
+                attempt=t.attempt,
+                rss=t.rss,
+            )
             for t in trials
             if t.status == TrialStatus.LEASED
         ],
-    }
-    report["created_at"] = job.created_at
-    report["finished_at"] = job.finished_at
-    return report
+    )
+    return with_progress(build_report(job, candidates, trials), progress, job)
 
 
 @router.post(
@@ -70,16 +60,7 @@ def submit_job(
     body: JobCreate, request: Request, session: SessionDep, settings: SettingsDep
 ) -> JobCreated:
     """Submit a bisection. Releases are listed here, so a bad range fails now with 422."""
-    try:
-        job = create_job(session, body, cache_dir=settings.uv_cache_dir)
-    except RangeError as exc:
-        raise HTTPException(status.HTTP_422_UNPROCESSABLE_CONTENT, detail=f"range: {exc}") from None
-    except IndexUnavailable as exc:
-        raise HTTPException(
-            status.HTTP_422_UNPROCESSABLE_CONTENT, detail=f"index_url: {exc}"
-        ) from None
-    except JobRejected as exc:
-        raise HTTPException(status.HTTP_422_UNPROCESSABLE_CONTENT, detail=str(exc)) from None
+    job = create_job(session, body, cache_dir=settings.uv_cache_dir)
     advance(session, job, slots_for(session, job, within_s=settings.runner_live_s))
     assert job.id is not None
     return JobCreated(id=job.id, url=job_url(request, settings, job.id), status=job.status)
@@ -96,13 +77,9 @@ def list_jobs(
     offset: Annotated[int, Query(ge=0)] = 0,
 ) -> JobPage:
     """Jobs, newest first, filtered by status and package (names compare as PEP 503)."""
-    where = []
-    if status_ is not None:
-        where.append(col(Job.status) == status_.value)
-    if package:
-        where.append(_canonical(col(Job.package)) == _canonical_text(package))
-    total = session.exec(select(func.count()).select_from(Job).where(*where)).one()
-    query = select(Job).where(*where).order_by(col(Job.id).desc()).offset(offset).limit(limit)
+    jobs, total = store.jobs_page(
+        session, status=status_, package=package, limit=limit, offset=offset
+    )
     items = [
         JobSummary(
             id=job.id,  # type: ignore[arg-type]
@@ -117,24 +94,15 @@ def list_jobs(
             finished_at=job.finished_at,
             result=job.result,
         )
-        for job in session.exec(query)
+        for job in jobs
     ]
     return JobPage(items=items, total=total, limit=limit, offset=offset)
 
 
-def _canonical(column: Any) -> Any:
-    # PEP 503 in portable SQL: lower case, with '_' and '.' read as '-'.
-    return func.lower(func.replace(func.replace(column, "_", "-"), ".", "-"))
-
-
-def _canonical_text(name: str) -> str:
-    return name.lower().replace("_", "-").replace(".", "-")
-
-
 @router.get("/{job_id}", response_model=JobPublic, responses={404: {"description": "no such job"}})
-def get_job_report(job_id: int, session: SessionDep) -> dict[str, Any]:
+def get_job_report(job_id: int, session: SessionDep) -> JobPublic:
     """The job's report (as `bisect-cli run --json` prints it) with its progress."""
-    return job_public(session, get_job(session, job_id))
+    return job_public(session, store.job(session, job_id))
 
 
 @router.post(
@@ -142,12 +110,10 @@ def get_job_report(job_id: int, session: SessionDep) -> dict[str, Any]:
     response_model=JobPublic,
     responses={404: {"description": "no such job"}, 409: {"description": "already finished"}},
 )
-def cancel_job(job_id: int, session: SessionDep) -> dict[str, Any]:
+def cancel_job(job_id: int, session: SessionDep) -> JobPublic:
     """Cancel the job: queued trials are cancelled, leased ones are refused at their next
     heartbeat (409) so their runners kill them."""
-    job = get_job(session, job_id)
+    job = store.job(session, job_id)
     if not cancel(session, job):
-        raise HTTPException(
-            status.HTTP_409_CONFLICT, detail=f"job {job_id} has already finished ({job.status})"
-        )
+        raise Conflict(f"job {job_id} has already finished ({job.status})")
     return job_public(session, job)

@@ -1,7 +1,8 @@
 """The runner protocol (runner tokens): register, lease, heartbeat, complete, return, leave.
 
-Every lease rule is service/queue.py's; this module maps its answers to HTTP:
-`StaleLease` is 409 (the runner kills its trial), an unknown trial or runner 404.
+Every lease rule is service/queue.py's; its errors become HTTP statuses in
+service/api/errors.py: `StaleLease` is 409 (the runner kills its trial), an unknown
+trial or runner 404.
 """
 
 import asyncio
@@ -9,11 +10,12 @@ import secrets
 import time
 from typing import Annotated
 
-from fastapi import APIRouter, HTTPException, Query, Request, Response, status
+from fastapi import APIRouter, Query, Request, Response, status
 from fastapi.concurrency import run_in_threadpool
 from sqlalchemy.engine import Engine
 from sqlmodel import Session
 
+from runners.errors import InvalidInput, NotFound
 from runners.wire import (
     Heartbeat,
     HeartbeatAck,
@@ -37,18 +39,11 @@ POLL_S = 0.2
 MAX_WAIT_S = 60
 
 
-def _not_registered(runner_id: str) -> HTTPException:
-    return HTTPException(
-        status.HTTP_404_NOT_FOUND, detail=f"runner {runner_id} is not registered; register again"
-    )
+class RunnerNotRegistered(NotFound):
+    """The runner id is unknown or has left: the runner registers again."""
 
-
-def _trial_missing(trial_id: int) -> HTTPException:
-    return HTTPException(status.HTTP_404_NOT_FOUND, detail=f"trial {trial_id} not found")
-
-
-def _stale(exc: queue.StaleLease) -> HTTPException:
-    return HTTPException(status.HTTP_409_CONFLICT, detail=str(exc))
+    def __init__(self, runner_id: str) -> None:
+        super().__init__(f"runner {runner_id} is not registered; register again")
 
 
 @router.post("/runners", status_code=status.HTTP_201_CREATED, response_model=RunnerRegistered)
@@ -74,7 +69,7 @@ def _try_lease(engine: Engine, settings: Settings, runner_id: str) -> Lease | No
     with Session(engine) as session:
         runner = queue.touch_runner(session, runner_id)
         if runner is None or not runner.active:
-            raise _not_registered(runner_id)
+            raise RunnerNotRegistered(runner_id)
         trial = queue.claim(session, runner, lease_s=settings.lease_s)
         if trial is None:
             return None
@@ -125,14 +120,9 @@ def heartbeat(
     trial_id: int, body: Heartbeat, session: SessionDep, settings: SettingsDep
 ) -> HeartbeatAck:
     """Extend the lease by lease_s. 409 when the lease is no longer this runner's."""
-    try:
-        trial = queue.heartbeat(
-            session, trial_id, body.runner_id, body.attempt, lease_s=settings.lease_s, rss=body.rss
-        )
-    except LookupError:
-        raise _trial_missing(trial_id) from None
-    except queue.StaleLease as exc:
-        raise _stale(exc) from None
+    trial = queue.heartbeat(
+        session, trial_id, body.runner_id, body.attempt, lease_s=settings.lease_s, rss=body.rss
+    )
     queue.touch_runner(session, body.runner_id)
     assert trial.lease_expires_at is not None
     return HeartbeatAck(lease_expires_at=trial.lease_expires_at)
@@ -148,20 +138,12 @@ def complete(
 ) -> CompleteAck:
     """Record the runner's report (samples, verdict) and advance the job, in one request."""
     if report.trial_id != trial_id:
-        raise HTTPException(
-            status.HTTP_422_UNPROCESSABLE_CONTENT,
-            detail=f"trial_id: the report is for trial {report.trial_id}, not {trial_id}",
+        raise InvalidInput(
+            f"the report is for trial {report.trial_id}, not {trial_id}", field="trial_id"
         )
     if not report.runner_id:
-        raise HTTPException(
-            status.HTTP_422_UNPROCESSABLE_CONTENT, detail="runner_id: field required"
-        )
-    try:
-        trial = queue.finish(session, trial_id, report.runner_id, report.attempt)
-    except LookupError:
-        raise _trial_missing(trial_id) from None
-    except queue.StaleLease as exc:
-        raise _stale(exc) from None
+        raise InvalidInput("field required", field="runner_id")
+    trial = queue.lock_for_report(session, trial_id, report.runner_id, report.attempt)
     job = session.get(Job, trial.job_id)
     candidate = session.get(Candidate, trial.candidate_id)
     assert job is not None and candidate is not None
@@ -178,12 +160,7 @@ def complete(
 )
 def return_trial(trial_id: int, body: LeaseReturn, session: SessionDep) -> ReturnAck:
     """Give a lease back unfinished (the runner is stopping): queued again, no attempt used."""
-    try:
-        trial = queue.give_back(session, trial_id, body.runner_id, body.attempt)
-    except LookupError:
-        raise _trial_missing(trial_id) from None
-    except queue.StaleLease as exc:
-        raise _stale(exc) from None
+    trial = queue.give_back(session, trial_id, body.runner_id, body.attempt)
     return ReturnAck(trial_id=trial_id, status=trial.status)
 
 
@@ -195,6 +172,6 @@ def return_trial(trial_id: int, body: LeaseReturn, session: SessionDep) -> Retur
 def leave(runner_id: str, session: SessionDep) -> Response:
     """The runner leaves; its leases go back to the queue."""
     if session.get(Runner, runner_id) is None:
-        raise _not_registered(runner_id)
+        raise RunnerNotRegistered(runner_id)
     queue.release_runner(session, runner_id)
     return Response(status_code=status.HTTP_204_NO_CONTENT)

@@ -3,28 +3,21 @@
 The runner side of trials (heartbeat, complete, return) is in routes/runners.py.
 """
 
-from fastapi import APIRouter, HTTPException, status
-from sqlmodel import Session, col, select
+from fastapi import APIRouter
 
 from runners.wire import Sample
+from service import store
 from service.api.deps import ClientAuth, SessionDep
 from service.api.schemas import TrialPublic, TrialSamples
-from service.models import Candidate, MemorySample, Trial
+from service.models import Candidate
 
 router = APIRouter(prefix="/trials", tags=["trials"], dependencies=[ClientAuth])
-
-
-def get_trial(session: Session, trial_id: int) -> Trial:
-    trial = session.get(Trial, trial_id)
-    if trial is None:
-        raise HTTPException(status.HTTP_404_NOT_FOUND, detail=f"trial {trial_id} not found")
-    return trial
 
 
 @router.get("/{trial_id}", response_model=TrialPublic, responses={404: {"description": "none"}})
 def get_trial_public(trial_id: int, session: SessionDep) -> TrialPublic:
     """One run of the script: who ran it, when, how it ended, its log tail and analysis."""
-    trial = get_trial(session, trial_id)
+    trial = store.trial(session, trial_id)
     candidate = session.get(Candidate, trial.candidate_id)
     assert candidate is not None
     return TrialPublic(
@@ -39,14 +32,9 @@ def get_trial_public(trial_id: int, session: SessionDep) -> TrialPublic:
 )
 def get_trial_samples(trial_id: int, session: SessionDep) -> TrialSamples:
     """The trial's memory series (bytes; `None` where the source did not say)."""
-    get_trial(session, trial_id)
-    query = (
-        select(MemorySample)
-        .where(MemorySample.trial_id == trial_id)
-        .order_by(col(MemorySample.t), col(MemorySample.id))
-    )
+    store.trial(session, trial_id)
     samples = [
         Sample(t=s.t, rss=s.rss, anon=s.anon, shared=s.shared, gpu=s.gpu, step=s.step)
-        for s in session.exec(query)
+        for s in store.samples_of(session, [trial_id])[trial_id]
     ]
     return TrialSamples(trial_id=trial_id, samples=samples)

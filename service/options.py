@@ -1,0 +1,339 @@
+"""The options of a bisection job, each defined once.
+
+`JobOptions` is the one definition. The API's `JobCreate` and the `Job` table both derive
+from it (`Job.model_validate(request, update=...)`); `bisect-cli run` and `submit` derive
+their flags, help texts and defaults from it (service/cli/options.py); error messages name
+the flag it declares (`flag_names`); and the README's option table is generated from it
+(`markdown_table`, checked by tests/test_docs.py). A new option is one `option(...)` field
+here plus the code that uses it.
+
+`option()` is `sqlmodel.Field` plus where the option appears on the command line: its
+flag(s) and the commands that offer it. Flags live in the field's JSON schema under
+``x-cli`` (so the OpenAPI document says which flag sets a field, too).
+"""
+
+import re
+from typing import Any
+
+from packaging.requirements import InvalidRequirement, Requirement
+from packaging.utils import canonicalize_name
+from pydantic import ConfigDict, field_validator
+from pydantic.fields import FieldInfo
+from sqlalchemy import JSON, BigInteger, Text
+from sqlmodel import Field, SQLModel
+
+from service.units import SIZE_HELP, parse_size
+
+MAX_SCRIPT_BYTES = 1024 * 1024
+MAX_REQUIREMENTS = 200
+MAX_URLS = 20
+MAX_TEXT = 2000  # a requirement, a URL
+MAX_VARIABLES = 64
+MAX_VARIABLE_BYTES = 4096
+# A Python version a job may ask for. Whether one is installed is the runner's (or, for
+# `bisect-cli run`, this machine's) to say; the API also refuses minors no CPython has.
+PYTHON_VERSION = re.compile(r"3\.(?P<minor>\d{1,2})(\.\d{1,3})?")
+PYTHON_MINORS = range(8, 21)
+VARIABLE_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,127}")
+SCRIPT_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,99}\.py")
+
+RUN_AND_SUBMIT = ("run", "submit")
+
+
+def option(
+    default: Any = ...,
+    *,
+    flag: str | None,
+    help: str,
+    commands: tuple[str, ...] = RUN_AND_SUBMIT,
+    metavar: str | None = None,
+    **field: Any,
+) -> Any:
+    """A job option: `Field(...)` plus its command-line flag(s) (None: not on the CLI).
+
+    ``flag`` is "--name", "--name/-n" for a short form, or "--on/--off" for a bool whose
+    default is on. ``help`` is the one text shown by --help, the README and OpenAPI.
+    """
+    cli = {"flag": flag, "commands": list(commands), "metavar": metavar} if flag else None
+    extra = {"x-cli": cli} if cli else None
+    return Field(default, description=help, schema_extra={"json_schema_extra": extra}, **field)
+
+
+def cli_of(info: FieldInfo) -> dict[str, Any] | None:
+    """The ``x-cli`` entry of a field: {"flag", "commands", "metavar"}, or None."""
+    extra = info.json_schema_extra
+    return extra.get("x-cli") if isinstance(extra, dict) else None  # type: ignore[return-value]
+
+
+class JobOptions(SQLModel):
+    """What a bisection job is asked to do: the same from `run`, `submit` and REST."""
+
+    # No infinities or NaNs anywhere: 1e999 as a threshold means nothing can ever leak.
+    model_config = ConfigDict(allow_inf_nan=False)  # type: ignore[assignment]
+
+    package: str = option(
+        flag="--package/-p",
+        help="Package to bisect.",
+        metavar="NAME",
+        min_length=1,
+        max_length=200,
+        index=True,
+    )
+    script: str = option(flag=None, help="The repro script's text (at most 1 MiB).", sa_type=Text)
+    script_name: str = option(
+        "repro.py", flag=None, help="The script's file name (a plain name ending in .py)."
+    )
+    python: str | None = option(
+        None, flag="--python", help="Python version for the environments, e.g. 3.12.",
+        metavar="VER", max_length=20,
+    )  # fmt: skip
+    requirements: list[str] = option(
+        default_factory=list,
+        flag="--with",
+        help="Another requirement of the repro, e.g. 'numpy<2'; repeatable (-r FILE: a file).",
+        metavar="REQ",
+        sa_type=JSON,
+    )
+    index_url: str | None = option(
+        None,
+        flag="--index-url",
+        help="Simple index to list and install from (default PyPI).",
+        metavar="URL",
+        max_length=MAX_TEXT,
+    )
+    extra_index_urls: list[str] = option(
+        default_factory=list,
+        flag="--extra-index-url",
+        help="Another index; repeatable.",
+        metavar="URL",
+        sa_type=JSON,
+    )
+    find_links: list[str] = option(
+        default_factory=list,
+        flag="--find-links",
+        help="Directory of wheels/sdists; repeatable.",
+        metavar="DIR",
+        sa_type=JSON,
+    )
+    pre: bool = option(False, flag="--pre", help="Include pre-releases in the range.")
+    skip_yanked: bool = option(False, flag="--skip-yanked", help="Drop yanked releases.")
+    as_released: bool = option(
+        False,
+        flag="--as-released",
+        help="Resolve each candidate as on its upload day (uv --exclude-newer) instead of "
+        "holding other packages at the good bound's versions.",
+    )
+    find_fix: bool = option(
+        False, flag="--find-fix", help="Find the first release that no longer leaks."
+    )
+    repeats: int = option(1, flag="--repeats", help="Runs per candidate.", metavar="N", ge=1, le=20)
+    max_runs: int = option(
+        3,
+        flag="--max-runs",
+        help="Runs per candidate while inconclusive.",
+        metavar="N",
+        ge=1,
+        le=50,
+    )
+    timeout_s: float = option(
+        600.0,
+        flag="--timeout",
+        help="Seconds one run may take before it is killed.",
+        metavar="S",
+        gt=0,
+        le=7 * 24 * 3600,
+    )
+    memory_limit: int | None = option(
+        None,
+        flag="--memory-limit",
+        help=f"Hard cap per run: {SIZE_HELP} (default 80% of the runner's RAM).",
+        metavar="SIZE",
+        ge=1,
+        le=1 << 50,
+        sa_type=BigInteger,
+    )
+    sample_hz: float = option(
+        10.0,
+        flag="--sample-hz",
+        help="Memory samples per second (50 per second for the first 30 s of a run).",
+        metavar="HZ",
+        gt=0,
+        le=100,
+    )
+    requires_gpu: bool = option(
+        False, flag="--requires-gpu", help="Run only on runners with a GPU.", commands=("submit",)
+    )
+    min_growth_mib: float | None = option(
+        None,
+        flag="--min-growth",
+        help="MiB the memory floor must grow over a run to count as a leak (default 8).",
+        metavar="MIB",
+        gt=0,
+        le=1 << 30,
+    )
+    min_growth_fraction: float | None = option(
+        None,
+        flag="--min-growth-fraction",
+        help="Growth as a fraction of the baseline floor that must also be exceeded "
+        "(default 0.05).",
+        metavar="F",
+        ge=0,
+        le=100,
+    )
+    reuse_verdicts: bool = option(
+        True,
+        flag="--reuse/--no-reuse",
+        help="Reuse verdicts of earlier jobs judged under the same conditions "
+        "(script, package, version, environment, classifier, hardware class).",
+    )
+    variables: dict[str, str] = option(
+        default_factory=dict,
+        flag="--env",
+        help="An environment variable for the script, KEY=VALUE; repeatable "
+        "(never BISECT_*; the runner adds only PATH, HOME, locale and CA settings).",
+        metavar="KEY=VALUE",
+        sa_type=JSON,
+    )
+
+    @field_validator("package")
+    @classmethod
+    def _package(cls, value: str) -> str:
+        try:
+            name = Requirement(value).name
+        except InvalidRequirement:
+            name = None
+        if name is None or canonicalize_name(value) != canonicalize_name(name):
+            raise ValueError(f"{value!r} is not a package name")
+        return value
+
+    @field_validator("script")
+    @classmethod
+    def _script(cls, value: str) -> str:
+        if not value.strip():
+            raise ValueError("the script is empty")
+        if len(value.encode()) > MAX_SCRIPT_BYTES:
+            raise ValueError("the script is larger than 1 MiB")
+        return value
+
+    @field_validator("script_name")
+    @classmethod
+    def _script_name(cls, value: str) -> str:
+        if not SCRIPT_NAME.fullmatch(value):
+            raise ValueError(
+                f"{value!r} is not a plain file name ending in .py (letters, digits, _ . -)"
+            )
+        return value
+
+    @field_validator("python")
+    @classmethod
+    def _python(cls, value: str | None) -> str | None:
+        if value is None:
+            return None
+        if PYTHON_VERSION.fullmatch(value.strip()) is None:
+            raise ValueError(f"{value!r} is not a Python version; write 3.MINOR or 3.MINOR.PATCH")
+        return value.strip()
+
+    @field_validator("requirements")
+    @classmethod
+    def _requirements(cls, values: list[str]) -> list[str]:
+        _bounded(values, MAX_REQUIREMENTS, "requirements")
+        for value in values:
+            try:
+                Requirement(value)
+            except InvalidRequirement as exc:
+                reason = str(exc).splitlines()[0]
+                raise ValueError(f"requirement {value!r} does not parse: {reason}") from exc
+        return values
+
+    @field_validator("extra_index_urls", "find_links")
+    @classmethod
+    def _urls(cls, values: list[str]) -> list[str]:
+        return _bounded(values, MAX_URLS, "entries")
+
+    @field_validator("memory_limit", mode="before")
+    @classmethod
+    def _memory_limit(cls, value: Any) -> int | None:
+        return None if value is None else parse_size(value)
+
+    @field_validator("variables")
+    @classmethod
+    def _variables(cls, values: dict[str, str]) -> dict[str, str]:
+        if len(values) > MAX_VARIABLES:
+            raise ValueError(f"at most {MAX_VARIABLES} variables, got {len(values)}")
+        for name, value in values.items():
+            if not VARIABLE_NAME.fullmatch(name):
+                raise ValueError(f"{name!r} is not a variable name (letters, digits, _)")
+            if name.upper().startswith("BISECT_"):
+                raise ValueError(f"{name}: BISECT_* variables are the service's own")
+            if len(value.encode()) > MAX_VARIABLE_BYTES or "\0" in value:
+                raise ValueError(f"{name}: a value is at most 4096 bytes, without NUL")
+        return values
+
+    @property
+    def classifier(self) -> dict[str, float]:
+        """The classifier settings this job overrides."""
+        names = ("min_growth_mib", "min_growth_fraction")
+        return {n: getattr(self, n) for n in names if getattr(self, n) is not None}
+
+
+def _bounded(values: list[str], most: int, what: str) -> list[str]:
+    if len(values) > most:
+        raise ValueError(f"at most {most} {what}, got {len(values)}")
+    for value in values:
+        if len(value) > MAX_TEXT:
+            raise ValueError(f"an entry is longer than {MAX_TEXT} characters")
+    return values
+
+
+def option_fields(command: str | None = None) -> dict[str, FieldInfo]:
+    """The options that have a flag, in definition order (only `command`'s when given)."""
+    return {
+        name: info
+        for name, info in JobOptions.model_fields.items()
+        if (cli := cli_of(info)) and (command is None or command in cli["commands"])
+    }
+
+
+def flag_names() -> dict[str, str]:
+    """Field name -> the flag a user types, so messages name what they can fix."""
+    names = {"script": "SCRIPT", "requirements": "--with/-r", "range": "--range"}
+    for name, info in option_fields().items():
+        cli = cli_of(info)
+        assert cli is not None
+        names.setdefault(name, cli["flag"].split("/")[0])
+    return names
+
+
+def default_text(info: FieldInfo) -> str:
+    """How the README states a default ("" when there is none worth saying)."""
+    if info.is_required():
+        return "required"
+    if info.default_factory is not None or info.default is None:
+        return ""
+    if isinstance(info.default, bool):
+        return "on" if info.default else ""
+    return f"{info.default:g}" if isinstance(info.default, float) else str(info.default)
+
+
+def markdown_table() -> str:
+    """The README's table of job options, generated from `JobOptions`."""
+    rows = ["| option | meaning | default |", "| --- | --- | --- |"]
+    for info in option_fields().values():
+        cli = cli_of(info)
+        assert cli is not None
+        flags = ", ".join(f"`{f}`" for f in _display_flags(cli))
+        only = "" if len(cli["commands"]) > 1 else f" (`{cli['commands'][0]}` only)"
+        rows.append(f"| {flags} | {info.description}{only} | {default_text(info)} |")
+    return "\n".join(rows)
+
+
+def _display_flags(cli: dict[str, Any]) -> list[str]:
+    flag, metavar = cli["flag"], cli["metavar"]
+    if flag.count("--") == 2:  # --on/--off
+        return [flag]
+    parts = flag.split("/")
+    return [f"{p} {metavar}" if metavar else p for p in parts]
+
+
+if __name__ == "__main__":  # `python -m service.options`: the README's table
+    print(markdown_table())

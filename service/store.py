@@ -1,0 +1,93 @@
+"""Reads of stored jobs, candidates, trials and samples: every query that only looks.
+
+Writes that touch a lease are service/queue.py's; the rest of the writes belong to the
+code that owns the row (jobs.py creates jobs, trials.py records reports, scheduler.py
+advances). Lookups by id raise `NotFound` kinds, which the API answers with 404 and the
+CLI with exit 2. Lists come back in one documented order each.
+"""
+
+from typing import Any
+
+from sqlalchemy import func
+from sqlmodel import Session, col, select
+
+from runners.errors import NotFound
+from service.models import Candidate, Job, JobStatus, MemorySample, Trial
+
+# Ids are 64-bit in every database; anything larger names nothing.
+MAX_ID = (1 << 63) - 1
+
+
+class JobNotFound(NotFound):
+    """No job with that id."""
+
+
+class TrialNotFound(NotFound):
+    """No trial with that id."""
+
+
+def job(session: Session, job_id: int) -> Job:
+    found = session.get(Job, job_id) if 0 < job_id <= MAX_ID else None
+    if found is None:
+        raise JobNotFound(f"job {job_id} not found")
+    return found
+
+
+def trial(session: Session, trial_id: int) -> Trial:
+    found = session.get(Trial, trial_id) if 0 < trial_id <= MAX_ID else None
+    if found is None:
+        raise TrialNotFound(f"trial {trial_id} not found")
+    return found
+
+
+def candidates_of(session: Session, job: Job) -> list[Candidate]:
+    """The job's candidates, oldest release first (by position), fresh from the database."""
+    query = select(Candidate).where(Candidate.job_id == job.id).order_by(col(Candidate.position))
+    return list(session.exec(query.execution_options(populate_existing=True)))
+
+
+def trials_of(session: Session, job: Job) -> list[Trial]:
+    """The job's trials in the order they were queued (by id), fresh from the database."""
+    query = select(Trial).where(Trial.job_id == job.id).order_by(col(Trial.id))
+    return list(session.exec(query.execution_options(populate_existing=True)))
+
+
+def samples_of(session: Session, trial_ids: list[int]) -> dict[int, list[MemorySample]]:
+    """Each trial's samples in time order (ties by insertion)."""
+    out: dict[int, list[MemorySample]] = {i: [] for i in trial_ids}
+    query = (
+        select(MemorySample)
+        .where(col(MemorySample.trial_id).in_(trial_ids))
+        .order_by(col(MemorySample.trial_id), col(MemorySample.t), col(MemorySample.id))
+    )
+    for sample in session.exec(query):
+        out[sample.trial_id].append(sample)
+    return out
+
+
+def _canonical(column: Any) -> Any:
+    # PEP 503 in portable SQL: lower case, with '_' and '.' read as '-'.
+    return func.lower(func.replace(func.replace(column, "_", "-"), ".", "-"))
+
+
+def _canonical_text(name: str) -> str:
+    return name.lower().replace("_", "-").replace(".", "-")
+
+
+def jobs_page(
+    session: Session,
+    *,
+    status: JobStatus | None = None,
+    package: str | None = None,
+    limit: int = 50,
+    offset: int = 0,
+) -> tuple[list[Job], int]:
+    """A page of jobs, newest first, and how many match in all (names compare as PEP 503)."""
+    where = []
+    if status is not None:
+        where.append(col(Job.status) == status.value)
+    if package:
+        where.append(_canonical(col(Job.package)) == _canonical_text(package))
+    total = session.exec(select(func.count()).select_from(Job).where(*where)).one()
+    query = select(Job).where(*where).order_by(col(Job.id).desc()).offset(offset).limit(limit)
+    return list(session.exec(query)), total
