@@ -67,7 +67,7 @@ from sqlmodel import Session, col, select  # noqa: E402
 
 from bench.common import machine  # noqa: E402
 from runners.client import ApiClient, ApiError, ApiUnreachable  # noqa: E402
-from runners.wire import EnvResult, Sample, TrialReport  # noqa: E402
+from runners.wire import API_PREFIX, EnvResult, Sample, TrialReport  # noqa: E402
 from service import queue  # noqa: E402
 from service.db import upgrade  # noqa: E402
 from service.models import (  # noqa: E402
@@ -461,7 +461,7 @@ def server_cpu_s(procs: list[psutil.Process]) -> float:
 
 def run(url: str, args: argparse.Namespace, seeded: dict[str, Any], home: Path) -> dict[str, Any]:
     server, base = start_server(url, home, args.workers)
-    api = f"{base}/api/v1"
+    api = f"{base}{API_PREFIX}"
     # The server's CPU: serve and its worker processes (--workers), started by now.
     procs = [psutil.Process(server.pid), *psutil.Process(server.pid).children(recursive=True)]
     try:

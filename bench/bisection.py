@@ -24,7 +24,7 @@ import statistics
 from typing import Any
 
 from bench.common import Config, table
-from service.planner import CandidateState, plan
+from service.planner import ReleaseState, plan
 from service.verdicts import Verdict
 
 SIZES = (8, 32, 128)
@@ -36,7 +36,7 @@ def planner_search(n: int, first_bad: int, slots: int, confirm: bool = True) -> 
     done: list[list[Verdict]] = [[] for _ in range(n)]
     trials = 0
     for rounds in range(10 * n + 50):
-        states = [CandidateState(version=f"1.0.{i}", verdicts=tuple(v)) for i, v in enumerate(done)]
+        states = [ReleaseState(version=f"1.0.{i}", verdicts=tuple(v)) for i, v in enumerate(done)]
         step = plan(states, slots, confirm=confirm)
         if step.outcome is not None:
             o = step.outcome

@@ -31,6 +31,7 @@ import httpx
 from pydantic import BaseModel
 
 from runners.wire import (
+    API_PREFIX,
     Heartbeat,
     HeartbeatAck,
     Lease,
@@ -40,7 +41,6 @@ from runners.wire import (
     TrialReport,
 )
 
-API_PREFIX = "/api/v1"
 DEFAULT_TIMEOUT = httpx.Timeout(connect=5.0, read=30.0, write=30.0, pool=5.0)
 MAX_BACKOFF_S = 10.0
 

@@ -11,6 +11,8 @@ from typing import Any, Literal, Self
 
 from pydantic import BaseModel, Field, model_validator
 
+# Every endpoint of the API is under this path (docs/api.md).
+API_PREFIX = "/api/v1"
 # A report carries at most this many samples; a longer trial is downsampled on the runner
 # (`runners.series.downsample`: min and max of each bucket, so floors and spikes survive).
 MAX_REPORT_SAMPLES = 20_000

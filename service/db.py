@@ -1,6 +1,5 @@
 """Database engine, sessions and migrations."""
 
-from collections.abc import Iterator
 from functools import lru_cache
 from pathlib import Path
 
@@ -8,7 +7,7 @@ from alembic import command
 from alembic.config import Config
 from sqlalchemy import event
 from sqlalchemy.engine import Engine
-from sqlmodel import Session, create_engine
+from sqlmodel import create_engine
 
 MIGRATIONS = Path(__file__).resolve().parents[1] / "migrations"
 
@@ -53,7 +52,3 @@ def upgrade(url: str) -> None:
     _ensure_sqlite_dir(url)
     command.upgrade(alembic_config(url), "head")
 
-
-def session_scope(engine: Engine) -> Iterator[Session]:
-    with Session(engine) as session:
-        yield session

@@ -14,7 +14,7 @@ from service.models import Candidate, Job
 from service.schemas import JobCreate
 
 
-def releases_for(request: JobCreate) -> list[releases.Candidate]:
+def releases_for(request: JobCreate) -> list[releases.RangeRelease]:
     """The ordered candidates of the request's range (raises RangeError, IndexUnavailable)."""
     python_version, tags = target_tags(request.python)
     listed = list_releases(

@@ -56,7 +56,7 @@ from service.verdicts import Verdict
 
 
 @dataclass(frozen=True)
-class CandidateState:
+class ReleaseState:
     """What the planner needs to know about one release of the range."""
 
     version: str
@@ -99,16 +99,13 @@ class _State:
     label: str
 
 
-_UNJUDGEABLE_VERDICTS = (Verdict.SKIP, Verdict.ERROR, Verdict.INCONCLUSIVE)
-
-
 def _verdict_class(verdict: Verdict) -> str:
     # clean and plateau both mean "bounded": a clean run and a plateau run of the
     # same release agree with each other.
     return "bounded" if verdict.bounded else verdict.value
 
 
-def _state(candidate: CandidateState, find_fix: bool) -> _State:
+def _state(candidate: ReleaseState, find_fix: bool) -> _State:
     if not candidate.testable:
         return _State(_Kind.UNJUDGEABLE, "untestable")
     if not candidate.verdicts:
@@ -139,11 +136,10 @@ def _outcome(
 
 
 def _bound_problem(
-    candidates: Sequence[CandidateState], states: list[_State], find_fix: bool
+    candidates: Sequence[ReleaseState], states: list[_State], find_fix: bool
 ) -> Plan | None:
     """The outcome when a bound cannot anchor the search, else None."""
     last = len(candidates) - 1
-    old_name, new_name = ("old bound", "new bound") if find_fix else ("good bound", "bad bound")
     good, bad = candidates[0].version, candidates[last].version
     good_wrong = states[0].kind is _Kind.NEW
     bad_wrong = states[last].kind is _Kind.OLD
@@ -177,7 +173,15 @@ def _bound_problem(
             msg = f"bad bound {bad} does not leak ({states[last].label}): nothing to bisect"
         return _outcome("bounds_failed", msg)
 
-    # Bounds that cannot be judged at all; the good/old bound is reported first.
+    return _unjudgeable_bound(candidates, states, find_fix)
+
+
+def _unjudgeable_bound(
+    candidates: Sequence[ReleaseState], states: list[_State], find_fix: bool
+) -> Plan | None:
+    """The outcome when a bound cannot be judged at all; the good/old bound is reported first."""
+    last = len(candidates) - 1
+    old_name, new_name = ("old bound", "new bound") if find_fix else ("good bound", "bad bound")
     for index, name in ((0, old_name), (last, new_name)):
         state, version = states[index], candidates[index].version
         if state.kind is not _Kind.UNJUDGEABLE:
@@ -244,7 +248,7 @@ def _section(unknowns: Sequence[int], running: set[int], points: int) -> list[in
 
 
 def _final(
-    candidates: Sequence[CandidateState],
+    candidates: Sequence[ReleaseState],
     states: list[_State],
     last_old: int,
     first_new: int,
@@ -272,7 +276,7 @@ def _final(
 
 
 def plan(
-    candidates: Sequence[CandidateState],
+    candidates: Sequence[ReleaseState],
     slots: int,
     *,
     find_fix: bool = False,

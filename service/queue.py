@@ -274,7 +274,11 @@ def queue_depth(session: Session) -> int:
         select(func.count())
         .select_from(Trial)
         .join(Job, col(Job.id) == Trial.job_id)
-        .where(Trial.status == TrialStatus.QUEUED, col(Job.status).in_(OPEN_JOBS))
+        .where(
+            Trial.status == TrialStatus.QUEUED,
+            col(Job.status).in_(OPEN_JOBS),
+            col(Job.local) == false(),
+        )
     )
     return session.exec(query).one()
 

@@ -32,8 +32,6 @@ from packaging.version import InvalidVersion, Version
 
 from runners.errors import InvalidInput
 
-RANGE_SEPARATOR = ".."
-
 
 class RangeError(InvalidInput):
     """A range that cannot be bisected; the message is one line, meant for the user."""
@@ -84,8 +82,8 @@ class Release:
 
 
 @dataclass(frozen=True)
-class Candidate:
-    """One release of the selected range, in order."""
+class RangeRelease:
+    """One release of the selected range, in order (stored as a `models.Candidate`)."""
 
     version: str
     release: Release
@@ -101,23 +99,6 @@ def parse_version(text: str) -> Version:
         return Version(text)
     except InvalidVersion:
         raise RangeError(f"'{text}' is not a valid version (PEP 440)") from None
-
-
-def parse_range(text: str) -> tuple[str, str]:
-    """`"GOOD..BAD"` -> `(good, bad)`, both valid PEP 440 versions, as written."""
-    parts = text.strip().split(RANGE_SEPARATOR)
-    if len(parts) != 2 or not parts[0].strip() or not parts[1].strip():
-        raise RangeError(f"cannot parse range '{text}': write GOOD..BAD, e.g. 1.0.2..1.0.6")
-    good, bad = parts[0].strip(), parts[1].strip()
-    for end in (good, bad):
-        try:
-            Version(end)
-        except InvalidVersion:
-            raise RangeError(
-                f"cannot parse range '{text}': '{end}' is not a PEP 440 version;"
-                " write GOOD..BAD, e.g. 1.0.2..1.0.6"
-            ) from None
-    return good, bad
 
 
 def _tag_strings(tags: Iterable[Tag | str]) -> set[str]:
@@ -198,7 +179,7 @@ def select_range(
     package: str | None = None,
     python_version: str | None = None,
     platform_tags: Iterable[Tag | str] | None = None,
-) -> list[Candidate]:
+) -> list[RangeRelease]:
     """The releases from `good` to `bad` (both included) in PEP 440 order.
 
     `package` names the package in error messages. With `python_version` and
@@ -243,7 +224,7 @@ def select_range(
         if python_version is not None and tags is not None:
             testable, why = installability(r, python_version, tags)
         out.append(
-            Candidate(
+            RangeRelease(
                 version=str(r.version),
                 release=r,
                 yanked=r.yanked,

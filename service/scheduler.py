@@ -23,7 +23,7 @@ from sqlmodel import Session
 from service import queue, reuse
 from service.analysis import aggregate, needs_more_runs
 from service.models import Candidate, Job, JobStatus, Trial, TrialStatus, utcnow
-from service.planner import CandidateState, Outcome, Plan, plan
+from service.planner import Outcome, Plan, ReleaseState, plan
 from service.store import candidates_of, trials_of
 from service.verdicts import Verdict
 
@@ -67,9 +67,9 @@ def _close_or_extend(session: Session, job: Job, candidate: Candidate, trials: l
     return False
 
 
-def _states(candidates: list[Candidate], running: set[int | None]) -> list[CandidateState]:
+def _states(candidates: list[Candidate], running: set[int | None]) -> list[ReleaseState]:
     return [
-        CandidateState(
+        ReleaseState(
             version=c.version,
             testable=c.testable,
             verdicts=tuple(Verdict(v) for v in c.evaluations),

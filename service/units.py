@@ -37,6 +37,3 @@ def parse_size(text: str | int) -> int:
         raise ValueError(f"{text!r} is not {SIZE_HELP}")
     return value
 
-
-def mib(value: float | None) -> float | None:
-    return None if value is None else value / 1024**2

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from service.planner import CandidateState, Outcome, Plan, plan
+from service.planner import Outcome, Plan, ReleaseState, plan
 from service.verdicts import Verdict
 
 CLEAN, LEAK, PLATEAU = Verdict.CLEAN, Verdict.LEAK, Verdict.PLATEAU
@@ -58,7 +58,7 @@ class Search:
 
 def states(done: list[list[Verdict]], untestable: frozenset[int], running=frozenset()):
     return [
-        CandidateState(
+        ReleaseState(
             version=version(i),
             testable=i not in untestable,
             verdicts=tuple(v),
@@ -338,10 +338,10 @@ def test_flaky_bound_after_confirmation():
 
 
 def test_too_few_candidates():
-    assert plan([CandidateState("1.0")], 1).outcome.status == "error"
+    assert plan([ReleaseState("1.0")], 1).outcome.status == "error"
     assert plan([], 1).outcome.status == "error"
     with pytest.raises(ValueError):
-        plan([CandidateState("1"), CandidateState("2")], -1)
+        plan([ReleaseState("1"), ReleaseState("2")], -1)
 
 
 # --- k-section ------------------------------------------------------------------------------
@@ -477,7 +477,7 @@ def test_confirmation_that_errors_makes_the_candidate_unjudgeable():
 
 def snapshot(n: int, verdicts: dict[int, Sequence[Verdict]], running: Sequence[int] = ()):
     return [
-        CandidateState(version(i), verdicts=tuple(verdicts.get(i, ())), running=i in running)
+        ReleaseState(version(i), verdicts=tuple(verdicts.get(i, ())), running=i in running)
         for i in range(n)
     ]
 

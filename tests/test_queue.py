@@ -113,6 +113,23 @@ def test_gpu_trials_only_for_gpu_runners(session: Session) -> None:
     assert queue.claim(session, GPU, lease_s=30).id == gpu_trial  # type: ignore[union-attr]
 
 
+def test_local_jobs_belong_to_their_own_process(session: Session) -> None:
+    """`bisect-cli run` and `serve` may share a database: no runner takes a local job's
+    trials, the reaper never takes them over, and the local process leases them itself."""
+    ids = seed(session, 2, local=True, status=JobStatus.RUNNING)
+    assert queue.claim(session, CPU, lease_s=30, now=T0) is None
+    assert queue.queue_depth(session) == 0
+    job = session.exec(select(Job)).one()
+    first = queue.claim_local(session, job, now=T0)
+    assert first is not None
+    assert (first.id, first.status, first.runner_id) == (ids[0], "leased", "local")
+    assert first.attempt == 1
+    assert (first.started_at, first.lease_expires_at) == (T0, None)
+    assert queue.reap(session, now=T0 + timedelta(days=1)) == []
+    assert queue.claim_local(session, job, now=T0).id == ids[1]  # type: ignore[union-attr]
+    assert queue.claim_local(session, job, now=T0) is None
+
+
 def test_heartbeat_extends_and_checks_the_lease(session: Session) -> None:
     [tid] = seed(session, 1)
     queue.claim(session, CPU, lease_s=30, now=T0)

@@ -7,12 +7,11 @@ import pytest
 from packaging.version import Version
 
 from service.releases import (
-    Candidate,
     DistFile,
     RangeError,
+    RangeRelease,
     Release,
     installability,
-    parse_range,
     select_range,
     sort_releases,
 )
@@ -40,7 +39,7 @@ def rel(version: str, *files: DistFile) -> Release:
     return Release(Version(version), list(files) or [wheel(version)])
 
 
-def versions(cands: list[Candidate]) -> list[str]:
+def versions(cands: list[RangeRelease]) -> list[str]:
     return [c.version for c in cands]
 
 
@@ -52,39 +51,6 @@ def mixed() -> list[Release]:
     releases = [rel(v) for v in MIXED]
     random.Random(4).shuffle(releases)
     return releases
-
-
-# --- parse_range ---------------------------------------------------------------------------
-
-
-def test_parse_range():
-    assert parse_range("0.11.8..0.11.19") == ("0.11.8", "0.11.19")
-    assert parse_range(" 1.0.2 .. 1.0.6 ") == ("1.0.2", "1.0.6")
-    assert parse_range("1!0.1..1!0.2rc1") == ("1!0.1", "1!0.2rc1")
-
-
-@pytest.mark.parametrize(
-    ("text", "message"),
-    [
-        ("1.0.2-1.0.6", "cannot parse range '1.0.2-1.0.6': write GOOD..BAD, e.g. 1.0.2..1.0.6"),
-        ("1.0.2..", "cannot parse range '1.0.2..': write GOOD..BAD, e.g. 1.0.2..1.0.6"),
-        ("1..2..3", "cannot parse range '1..2..3': write GOOD..BAD, e.g. 1.0.2..1.0.6"),
-        (
-            "a..b",
-            "cannot parse range 'a..b': 'a' is not a PEP 440 version;"
-            " write GOOD..BAD, e.g. 1.0.2..1.0.6",
-        ),
-        (
-            "1.0...2.0",
-            "cannot parse range '1.0...2.0': '.2.0' is not a PEP 440 version;"
-            " write GOOD..BAD, e.g. 1.0.2..1.0.6",
-        ),
-    ],
-)
-def test_parse_range_errors(text, message):
-    with pytest.raises(RangeError) as err:
-        parse_range(text)
-    assert str(err.value) == message
 
 
 # --- ordering ------------------------------------------------------------------------------

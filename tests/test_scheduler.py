@@ -304,6 +304,23 @@ def test_maintenance_advances_running_and_orphaned_jobs_only(session: Session) -
     assert queued_versions(session, in_flight) == []
 
 
+def test_maintenance_never_advances_a_local_job(session: Session) -> None:
+    """A `bisect-cli run` job in the database `serve` uses is left to its own process."""
+    stale = utcnow() - timedelta(minutes=5)
+    local = seed(session, local=True, created_at=stale)
+    running = seed(session, local=True)
+    advance(session, running, 1)  # its own process took the first step
+    assert queued_versions(session, running) == ["1.0.0"]
+    judge_first = session.exec(select(Trial).where(Trial.job_id == running.id)).one()
+    judge_first.status, judge_first.verdict = TrialStatus.DONE, Verdict.CLEAN
+    session.add(judge_first)
+    session.commit()
+    tick(session, Settings(reap_interval_s=0))
+    assert session.get(Job, local.id).status == JobStatus.QUEUED  # type: ignore[union-attr]
+    assert queued_versions(session, local) == []
+    assert queued_versions(session, running) == []  # not advanced past its finished trial
+
+
 def test_outcome_leads_the_message_and_creation_notes_stay(session: Session) -> None:
     note = "no pins from the good bound (candidates resolve freely): cannot resolve"
     job = seed(session, message=note, reuse_verdicts=False)

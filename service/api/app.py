@@ -15,6 +15,7 @@ from fastapi.responses import JSONResponse
 from starlette.middleware.base import BaseHTTPMiddleware, RequestResponseEndpoint
 from starlette.responses import Response
 
+from runners.wire import API_PREFIX
 from service.api import errors
 from service.api.maintenance import Maintenance
 from service.api.routes import api_router
@@ -23,7 +24,6 @@ from service.settings import Settings, get_settings
 
 log = logging.getLogger(__name__)
 
-API_PREFIX = "/api/v1"
 # A 1 MiB script is at most ~6 MiB of JSON (\uXXXX escapes); anything bigger is refused unread.
 MAX_SUBMIT_BYTES = 8 * 1024 * 1024
 

@@ -46,6 +46,7 @@ from runners.agent import GRACE_S, Agent, default_name, describe_capabilities, s
 from runners.client import ApiClient, ApiError, ApiUnreachable
 from runners.nvml import GpuProbe
 from runners.trial import LocalExecutor
+from runners.wire import API_PREFIX
 from service.cli.db import shown
 from service.cli.errors import INTERNAL, fail
 from service.cli.options import DatabaseUrl
@@ -89,45 +90,53 @@ def _url_host(host: str) -> str:
     return f"[{host}]" if ":" in host else host
 
 
+Host = Annotated[
+    str | None,
+    typer.Option(
+        "--host",
+        help="Address to listen on (default 127.0.0.1; others need tokens configured).",
+        show_default=False,
+    ),
+]
+Port = Annotated[
+    int, typer.Option("--port", min=0, max=65535, help="Port to listen on (0: any free).")
+]
+Runners = Annotated[
+    int, typer.Option("--runners", min=0, max=64, help="Embedded local runner agents.")
+]
+Grace = Annotated[
+    float,
+    typer.Option(
+        "--grace",
+        min=0,
+        help="On SIGTERM/SIGINT, seconds a running trial may take before it is killed and "
+        "its lease given back.",
+    ),
+]
+Workers = Annotated[
+    int,
+    typer.Option(
+        "--workers",
+        min=1,
+        max=64,
+        help="API worker processes sharing the port (Postgres only for more than 1; "
+        "the embedded runners stay in this process).",
+    ),
+]
+ServeJson = Annotated[
+    bool,
+    typer.Option("--json", help="Print one JSON object (url, runners, auth) once listening."),
+]
+
+
 def serve(
-    host: Annotated[
-        str | None,
-        typer.Option(
-            "--host",
-            help="Address to listen on (default 127.0.0.1; others need tokens configured).",
-            show_default=False,
-        ),
-    ] = None,
-    port: Annotated[
-        int, typer.Option("--port", min=0, max=65535, help="Port to listen on (0: any free).")
-    ] = 8000,
+    host: Host = None,
+    port: Port = 8000,
     database_url: DatabaseUrl = None,
-    runners: Annotated[
-        int, typer.Option("--runners", min=0, max=64, help="Embedded local runner agents.")
-    ] = 1,
-    grace: Annotated[
-        float,
-        typer.Option(
-            "--grace",
-            min=0,
-            help="On SIGTERM/SIGINT, seconds a running trial may take before it is killed and "
-            "its lease given back.",
-        ),
-    ] = GRACE_S,
-    workers: Annotated[
-        int,
-        typer.Option(
-            "--workers",
-            min=1,
-            max=64,
-            help="API worker processes sharing the port (Postgres only for more than 1; "
-            "the embedded runners stay in this process).",
-        ),
-    ] = 1,
-    json_: Annotated[
-        bool,
-        typer.Option("--json", help="Print one JSON object (url, runners, auth) once listening."),
-    ] = False,
+    runners: Runners = 1,
+    grace: Grace = GRACE_S,
+    workers: Workers = 1,
+    json_: ServeJson = False,
 ) -> None:
     """Run the leakbisect API, plus N local runners so one command gives a working service.
 
@@ -141,7 +150,43 @@ def serve(
     settings = get_settings()
     url = database_url or settings.effective_database_url
     settings = settings.model_copy(update={"database_url": url})
-    if workers > 1 and url.startswith("sqlite"):
+    host, notes = _checked_host(settings, host, runners, workers)
+    _migrate(url)
+    sock = _listen(host, port)
+    base, local = _urls(host, sock.getsockname()[1])
+
+    logging.basicConfig(level=logging.INFO, format=LOG_FORMAT)
+    logging.getLogger("httpx").setLevel(logging.WARNING)
+    api = _Api(settings, sock, workers)
+    stop = threading.Event()
+    agents: list[Agent] = []
+    _on_signals(stop, agents)
+    if not api.start(stop):
+        api.stop()
+        fail(f"the API did not start on {base}", INTERNAL)
+    for note in notes:
+        stderr_log(note)
+    _announce(base, url, runners, workers, settings.auth_enabled, json_)
+    threads = _start_runners(settings, local, runners, grace, agents, stop)
+    while not stop.is_set() and api.alive():
+        stop.wait(0.5)
+    for agent in agents:
+        agent.stop()
+    for thread in threads:
+        thread.join(grace + 30)
+    crashed = not api.alive()
+    api.stop()
+    if crashed:
+        fail("the API stopped unexpectedly", INTERNAL)
+    stderr_log("stopped")
+    raise typer.Exit(0)
+
+
+def _checked_host(
+    settings: Settings, host: str | None, runners: int, workers: int
+) -> tuple[str, list[str]]:
+    """The address to listen on, after the checks that keep an open API private."""
+    if workers > 1 and settings.effective_database_url.startswith("sqlite"):
         fail(SQLITE_WORKERS)
     notes: list[str] = []
     if not settings.auth_enabled:
@@ -151,33 +196,38 @@ def serve(
                 "set BISECT_API_TOKENS and BISECT_RUNNER_TOKENS, or listen on 127.0.0.1"
             )
         notes.append(f"no tokens configured: listening on {host or LOOPBACK} only")
-    host = host or LOOPBACK
     if runners > 0 and settings.auth_enabled and not settings.runner_tokens:
         fail(
             "--runners: embedded runners need a runner token; set BISECT_RUNNER_TOKENS "
             "(or use --runners 0)"
         )
+    return host or LOOPBACK, notes
+
+
+def _migrate(url: str) -> None:
     try:
         upgrade(url)
     except Exception as exc:  # noqa: BLE001 - any driver error is one line for the user
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         fail(f"--database-url: cannot open {shown(url)}: {first}")
+
+
+def _listen(host: str, port: int) -> socket.socket:
     try:
-        sock = bind(host, port)
+        return bind(host, port)
     except OSError as exc:
         fail(f"--port {port}: cannot listen on {host}:{port}: {exc.strerror or exc}", INTERNAL)
-    port = sock.getsockname()[1]
+
+
+def _urls(host: str, port: int) -> tuple[str, str]:
+    """The API's URL as announced, and the one the embedded runners use."""
     base = f"http://{_url_host(host)}:{port}"
-    local = f"http://{_url_host(LOOPBACK if host in ('0.0.0.0', '') else host)}:{port}"
     if host == "::":
-        local = f"http://[::1]:{port}"
+        return base, f"http://[::1]:{port}"
+    return base, f"http://{_url_host(LOOPBACK if host in ('0.0.0.0', '') else host)}:{port}"
 
-    logging.basicConfig(level=logging.INFO, format=LOG_FORMAT)
-    logging.getLogger("httpx").setLevel(logging.WARNING)
-    api = _Api(settings, sock, workers)
-    stop = threading.Event()
-    agents: list[Agent] = []
 
+def _on_signals(stop: threading.Event, agents: list[Agent]) -> None:
     def on_signal(signum: int, _frame: FrameType | None) -> None:
         stderr_log(f"{signal.Signals(signum).name}: stopping")
         stop.set()
@@ -186,41 +236,49 @@ def serve(
 
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
-    if not api.start(stop):
-        api.stop()
-        fail(f"the API did not start on {base}", INTERNAL)
 
-    for note in notes:
-        stderr_log(note)
+
+def _announce(base: str, url: str, runners: int, workers: int, auth: bool, json_: bool) -> None:
     if json_:
         typer.echo(
             json.dumps(
                 {
                     "url": base,
-                    "api": f"{base}/api/v1",
+                    "api": f"{base}{API_PREFIX}",
                     "docs": f"{base}/docs",
                     "runners": runners,
                     "workers": workers,
-                    "auth": settings.auth_enabled,
+                    "auth": auth,
                     "database_url": shown(url),
                 }
             )
         )
     else:
-        typer.echo(f"listening on {base} (API {base}/api/v1, docs {base}/docs)")
+        typer.echo(f"listening on {base} (API {base}{API_PREFIX}, docs {base}/docs)")
     stderr_log(
         f"database {shown(url)}; {runners} embedded runner(s)"
         + (f"; {workers} API worker processes" if workers > 1 else "")
     )
 
+
+def _start_runners(
+    settings: Settings,
+    local: str,
+    runners: int,
+    grace: float,
+    agents: list[Agent],
+    stop: threading.Event,
+) -> list[threading.Thread]:
+    """Start the embedded runner agents, each talking HTTP to the API like a remote one."""
+    if runners == 0:
+        return []
     token = settings.runner_tokens[0].get_secret_value() if settings.runner_tokens else None
-    gpu = GpuProbe.open() if runners else None
-    capabilities = describe_capabilities(gpu) if runners else None
+    gpu = GpuProbe.open()
+    capabilities = describe_capabilities(gpu)
     threads = []
     for i in range(1, runners + 1):
-        prefix = f"runner {i}: "
 
-        def log(line: str, prefix: str = prefix) -> None:
+        def log(line: str, prefix: str = f"runner {i}: ") -> None:
             stderr_log(prefix + line)
 
         agent = Agent(
@@ -239,19 +297,7 @@ def serve(
         thread = threading.Thread(target=_run_agent, args=(agent,), name=f"runner-{i}")
         threads.append(thread)
         thread.start()
-
-    while not stop.is_set() and api.alive():
-        stop.wait(0.5)
-    for agent in agents:
-        agent.stop()
-    for thread in threads:
-        thread.join(grace + 30)
-    crashed = not api.alive()
-    api.stop()
-    if crashed:
-        fail("the API stopped unexpectedly", INTERNAL)
-    stderr_log("stopped")
-    raise typer.Exit(0)
+    return threads
 
 
 def _run_agent(agent: Agent) -> None:

@@ -92,6 +92,18 @@ def negotiate(accept: str | None) -> str:
     """
     if not accept:
         return HTML_TYPE
+    ranges = _parse_accept(accept)
+    scored = [(_score(ranges, offered), -rank, offered) for rank, offered in enumerate(_OFFERED)]
+    (q, specificity), _, chosen = max(scored)
+    if q <= 0:
+        return HTML_TYPE
+    if specificity == 0 and _score(ranges, HTML_TYPE)[0] == q:
+        return HTML_TYPE
+    return chosen
+
+
+def _parse_accept(accept: str) -> list[tuple[str, float]]:
+    """(media range, q) for each part of an Accept header; a bad q counts as 0."""
     ranges: list[tuple[str, float]] = []
     for part in accept.split(","):
         fields = [f.strip() for f in part.split(";")]
@@ -104,29 +116,24 @@ def negotiate(accept: str | None) -> str:
                 except ValueError:
                     q = 0.0
         ranges.append((fields[0].lower(), q))
+    return ranges
 
-    def score(offered: str) -> tuple[float, int]:
-        best: tuple[int, float] | None = None  # (specificity, q)
-        for media, q in ranges:
-            if media == offered:
-                specificity = 2
-            elif media == offered.split("/")[0] + "/*":
-                specificity = 1
-            elif media == "*/*":
-                specificity = 0
-            else:
-                continue
-            if best is None or specificity > best[0]:
-                best = (specificity, q)
-        return (0.0, 0) if best is None else (best[1], best[0])
 
-    scored = [(score(offered), -rank, offered) for rank, offered in enumerate(_OFFERED)]
-    (q, specificity), _, chosen = max(scored)
-    if q <= 0:
-        return HTML_TYPE
-    if specificity == 0 and score(HTML_TYPE)[0] == q:
-        return HTML_TYPE
-    return chosen
+def _score(ranges: list[tuple[str, float]], offered: str) -> tuple[float, int]:
+    """(q, specificity) of the most specific range matching `offered`; (0, 0) for none."""
+    best: tuple[int, float] | None = None  # (specificity, q)
+    for media, q in ranges:
+        if media == offered:
+            specificity = 2
+        elif media == offered.split("/")[0] + "/*":
+            specificity = 1
+        elif media == "*/*":
+            specificity = 0
+        else:
+            continue
+        if best is None or specificity > best[0]:
+            best = (specificity, q)
+    return (0.0, 0) if best is None else (best[1], best[0])
 
 
 def _project_json(project: str, files: list[_File]) -> bytes:
@@ -188,71 +195,84 @@ def _root_html(projects: list[str]) -> bytes:
     ).encode()
 
 
-def _handler(wheel_dir: Path) -> type[BaseHTTPRequestHandler]:
-    class Handler(BaseHTTPRequestHandler):
-        protocol_version = "HTTP/1.1"
+class _IndexHandler(BaseHTTPRequestHandler):
+    """Serves `wheel_dir` (set by `_handler`) as a PEP 503/691 index."""
 
-        def log_message(self, format: str, *args: object) -> None:
-            pass  # quiet
+    wheel_dir: Path
+    protocol_version = "HTTP/1.1"
 
-        def do_HEAD(self) -> None:
-            self._serve(head=True)
+    def log_message(self, format: str, *args: object) -> None:
+        pass  # quiet
 
-        def do_GET(self) -> None:
-            self._serve(head=False)
+    def do_HEAD(self) -> None:
+        self._serve(head=True)
 
-        def _send(
-            self,
-            status: int,
-            body: bytes = b"",
-            content_type: str = "text/plain",
-            head: bool = False,
-            extra: dict[str, str] | None = None,
-        ) -> None:
-            self.send_response(status)
-            self.send_header("Content-Type", content_type)
-            self.send_header("Content-Length", str(len(body)))
-            for key, value in (extra or {}).items():
-                self.send_header(key, value)
-            self.end_headers()
-            if not head:
-                self.wfile.write(body)
+    def do_GET(self) -> None:
+        self._serve(head=False)
 
-        def _page(self, json_body: bytes, html_body: bytes, head: bool) -> None:
-            ctype = negotiate(self.headers.get("Accept"))
-            body = json_body if ctype == JSON_TYPE else html_body
-            self._send(HTTPStatus.OK, body, ctype, head, {"Vary": "Accept"})
+    def _send(
+        self,
+        status: int,
+        body: bytes = b"",
+        content_type: str = "text/plain",
+        head: bool = False,
+        extra: dict[str, str] | None = None,
+    ) -> None:
+        self.send_response(status)
+        self.send_header("Content-Type", content_type)
+        self.send_header("Content-Length", str(len(body)))
+        for key, value in (extra or {}).items():
+            self.send_header(key, value)
+        self.end_headers()
+        if not head:
+            self.wfile.write(body)
 
-        def _serve(self, head: bool) -> None:
-            path = unquote(urlsplit(self.path).path)
-            projects = _scan(wheel_dir)
-            parts = [p for p in path.split("/") if p]
-            if parts == ["simple"]:
-                if not path.endswith("/"):
-                    return self._redirect("/simple/", head)
-                names = sorted(projects)
-                return self._page(_root_json(names), _root_html(names), head)
-            if len(parts) == 2 and parts[0] == "simple":
-                name = canonicalize_name(parts[1])
-                if name != parts[1] or not path.endswith("/"):
-                    return self._redirect(f"/simple/{name}/", head)
-                if name not in projects:
-                    return self._send(HTTPStatus.NOT_FOUND, b"not found\n", head=head)
-                files = projects[name]
-                return self._page(_project_json(name, files), _project_html(name, files), head)
-            if len(parts) == 2 and parts[0] == "files":
-                for files in projects.values():
-                    for f in files:
-                        if f.filename == parts[1]:
-                            return self._send(
-                                HTTPStatus.OK, f.path.read_bytes(), "application/octet-stream", head
-                            )
+    def _page(self, json_body: bytes, html_body: bytes, head: bool) -> None:
+        ctype = negotiate(self.headers.get("Accept"))
+        body = json_body if ctype == JSON_TYPE else html_body
+        self._send(HTTPStatus.OK, body, ctype, head, {"Vary": "Accept"})
+
+    def _serve(self, head: bool) -> None:
+        path = unquote(urlsplit(self.path).path)
+        parts = [p for p in path.split("/") if p]
+        if parts == ["simple"]:
+            return self._root(path, head)
+        if len(parts) == 2 and parts[0] == "simple":
+            return self._project(path, parts[1], head)
+        if len(parts) == 2 and parts[0] == "files":
+            return self._file(parts[1], head)
+        return self._send(HTTPStatus.NOT_FOUND, b"not found\n", head=head)
+
+    def _root(self, path: str, head: bool) -> None:
+        if not path.endswith("/"):
+            return self._redirect("/simple/", head)
+        names = sorted(_scan(self.wheel_dir))
+        return self._page(_root_json(names), _root_html(names), head)
+
+    def _project(self, path: str, given: str, head: bool) -> None:
+        name = canonicalize_name(given)
+        if name != given or not path.endswith("/"):
+            return self._redirect(f"/simple/{name}/", head)
+        projects = _scan(self.wheel_dir)
+        if name not in projects:
             return self._send(HTTPStatus.NOT_FOUND, b"not found\n", head=head)
+        files = projects[name]
+        return self._page(_project_json(name, files), _project_html(name, files), head)
 
-        def _redirect(self, location: str, head: bool) -> None:
-            self._send(HTTPStatus.MOVED_PERMANENTLY, b"", head=head, extra={"Location": location})
+    def _file(self, filename: str, head: bool) -> None:
+        for files in _scan(self.wheel_dir).values():
+            for f in files:
+                if f.filename == filename:
+                    body = f.path.read_bytes()
+                    return self._send(HTTPStatus.OK, body, "application/octet-stream", head)
+        return self._send(HTTPStatus.NOT_FOUND, b"not found\n", head=head)
 
-    return Handler
+    def _redirect(self, location: str, head: bool) -> None:
+        self._send(HTTPStatus.MOVED_PERMANENTLY, b"", head=head, extra={"Location": location})
+
+
+def _handler(wheel_dir: Path) -> type[BaseHTTPRequestHandler]:
+    return type("Handler", (_IndexHandler,), {"wheel_dir": wheel_dir})
 
 
 @contextmanager

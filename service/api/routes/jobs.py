@@ -6,6 +6,7 @@ from fastapi import APIRouter, Query, Request, status
 from sqlmodel import Session
 
 from runners.errors import Conflict
+from runners.wire import API_PREFIX
 from service import store
 from service.api.deps import ClientAuth, SessionDep, SettingsDep
 from service.api.schemas import JobCreated, JobPage, JobSummary
@@ -21,7 +22,7 @@ router = APIRouter(prefix="/jobs", tags=["jobs"], dependencies=[ClientAuth])
 
 def job_url(request: Request, settings: Settings, job_id: int) -> str:
     base = (settings.public_url or str(request.base_url)).rstrip("/")
-    return f"{base}/api/v1/jobs/{job_id}"
+    return f"{base}{API_PREFIX}/jobs/{job_id}"
 
 
 def job_public(session: Session, job: Job) -> JobPublic:
