@@ -10,11 +10,12 @@ import contextlib
 import os
 import signal
 import tempfile
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Protocol
 
-from runners.envs import EnvError, build_env
+from runners.envs import EnvError, build_env, resolve_pins
 from runners.executor import run_script
 from runners.nvml import GpuProbe
 from runners.wire import EnvResult, Sample, TrialReport, TrialSpec
@@ -76,7 +77,9 @@ def execute_trial(
     log: Callable[[str], None] | None = None,
     on_start: Callable[[Kill], None] | None = None,
 ) -> TrialReport:
-    """Build the environment, run the script, report."""
+    """Build the environment, run the script, report (a resolve trial: resolve and report pins)."""
+    if spec.kind == "resolve":
+        return _resolve(spec, cache_dir)
     try:
         env: EnvResult = build_env(spec.env, root=env_root, cache_dir=cache_dir, log=log)
     except EnvError as exc:
@@ -112,6 +115,17 @@ def execute_trial(
         gpu_source=run.gpu_source,
         host_source=run.host_source,
     )
+
+
+def _resolve(spec: TrialSpec, cache_dir: Path) -> TrialReport:
+    started = time.monotonic()
+    try:
+        pins: list[str] | None = resolve_pins(spec.env, cache_dir=cache_dir)
+        env = EnvResult(ok=True)
+    except EnvError as exc:
+        pins, env = None, EnvResult(ok=False, error=str(exc))
+    env.seconds = round(time.monotonic() - started, 3)
+    return TrialReport(trial_id=spec.trial_id, attempt=spec.attempt, env=env, pins=pins)
 
 
 class GroupKill:

@@ -1,14 +1,11 @@
 """Creating jobs: list the releases, pick the range, write the job and its candidates."""
 
 import hashlib
-from pathlib import Path
 from typing import Any
 
 from sqlmodel import Session
 
-from runners.envs import EnvError, resolve_pins
-from runners.wire import EnvSpec
-from service import releases
+from service import pins, releases
 from service.index import PYPI_SIMPLE, list_releases, target_tags
 from service.models import Candidate, Job
 from service.schemas import JobCreate
@@ -36,34 +33,11 @@ def releases_for(request: JobCreate) -> list[releases.RangeRelease]:
     )
 
 
-def good_bound_pins(
-    request: JobCreate, good: str, cache_dir: Path | None
-) -> tuple[list[str], str | None]:
-    """Pins of the good bound's resolution, which every other candidate is held at."""
-    if request.as_released:
-        return [], None
-    spec = EnvSpec(
-        package=request.package,
-        version=good,
-        python=request.python,
-        requirements=request.requirements,
-        index_url=request.index_url,
-        extra_index_urls=request.extra_index_urls,
-        find_links=request.find_links,
-        pre=request.pre,
-    )
-    try:
-        return resolve_pins(spec, cache_dir=cache_dir), None
-    except EnvError as exc:
-        return [], f"no pins from the good bound (candidates resolve freely): {exc}"
-
-
 def create_job(
     session: Session,
     request: JobCreate,
     *,
     machine: dict[str, Any] | None = None,
-    cache_dir: Path | None = None,
     local: bool = False,
 ) -> Job:
     """List the range's releases and store the job with its candidates (committed).
@@ -71,18 +45,16 @@ def create_job(
     `local`: made by `bisect-cli run`, whose process runs it (see service/queue.py).
     """
     found = releases_for(request)
-    pins, pins_note = good_bound_pins(request, found[0].version, cache_dir)
     job = Job.model_validate(
         request,
         update={
             "good": found[0].version,
             "bad": found[-1].version,
             "script_sha256": hashlib.sha256(request.script.encode()).hexdigest(),
-            "constraints": pins,
+            "pin_state": pins.initial_state(request.as_released),
             "max_runs": max(request.max_runs, request.repeats),
             "hardware_class": "gpu" if request.requires_gpu else "cpu",
             "machine": machine,
-            "message": pins_note,
             "local": local,
         },
     )

@@ -14,9 +14,10 @@ from sqlmodel import Session
 from runners.trial import Executor
 from runners.wire import Sample
 from service import queue
-from service.models import Candidate, Job, JobStatus, Trial
+from service.models import Candidate, Job, JobStatus, Trial, TrialKind
 from service.scheduler import advance, cancel
-from service.trials import record_report, trial_spec
+from service.specs import trial_spec
+from service.trials import record_report
 from service.verdicts import Verdict
 
 
@@ -67,12 +68,16 @@ def run_job(
                 raise RuntimeError(f"job {job.id} is running but has no queued trial")
             candidate = session.get(Candidate, trial.candidate_id)
             assert candidate is not None
-            progress.trial_started(candidate, trial)
+            if trial.kind == TrialKind.RUN:
+                progress.trial_started(candidate, trial)
+            else:
+                progress.message(f"resolving the pins of {job.package}=={candidate.version}")
             report = executor.run_trial(
                 trial_spec(job, candidate, trial), on_sample=progress.sample, log=log
             )
             verdict = record_report(session, job, candidate, trial, report)
-            progress.trial_finished(candidate, trial, verdict)
+            if verdict is not None:
+                progress.trial_finished(candidate, trial, verdict)
     except BaseException:
         # An interrupted run leaves a cancelled job, not one that looks alive forever.
         session.rollback()

@@ -34,6 +34,22 @@ class JobStatus(StrEnum):
         return self not in (JobStatus.QUEUED, JobStatus.RUNNING)
 
 
+class TrialKind(StrEnum):
+    """What a trial does on its runner (runners/wire.py `TrialKind`)."""
+
+    RUN = "run"  # build the candidate's environment, run the script under the sampler
+    RESOLVE = "resolve"  # resolve the pins the other candidates are held at
+
+
+class PinState(StrEnum):
+    """Where a job's pins (`Job.constraints`) stand; service/pins.py holds the rules."""
+
+    NONE = "none"  # nothing to hold (as released, or pins given)
+    PENDING = "pending"  # a resolve trial will set them before any candidate runs
+    RESOLVED = "resolved"
+    FAILED = "failed"  # they could not be resolved: candidates resolve freely
+
+
 class TrialStatus(StrEnum):
     QUEUED = "queued"
     LEASED = "leased"
@@ -60,6 +76,9 @@ class Job(JobOptions, table=True):
     script_sha256: str = Field(index=True)
     # The good bound's resolved pins, holding the rest of the environment still.
     constraints: list[str] = _json()
+    pin_state: str = PinState.NONE
+    # What decides the pins (service/pins.py): jobs with the same key can share them.
+    pin_key: str | None = Field(default=None, index=True)
 
     # Planner outcome: indices into the candidate list plus the message.
     result: dict[str, Any] | None = Field(default=None, sa_column=Column(JSON))
@@ -104,6 +123,7 @@ class Trial(SQLModel, table=True):
     job_id: int = Field(foreign_key="job.id", index=True)
     candidate_id: int = Field(foreign_key="candidate.id", index=True)
     evaluation: int = 1
+    kind: str = TrialKind.RUN
     status: str = Field(default=TrialStatus.QUEUED)
     attempt: int = 0
     runner_id: str | None = None

@@ -14,8 +14,8 @@ from typing import Any
 from pydantic import BaseModel, Field, model_serializer, model_validator
 
 from runners.envs import freeze_diff, index_args
-from service.models import Candidate, Job, Trial, TrialStatus
-from service.trials import env_spec
+from service.models import Candidate, Job, Trial, TrialKind, TrialStatus
+from service.specs import env_spec
 from service.verdicts import Verdict
 
 EXIT_CODES = {"found": 0, "bounds_failed": 3, "inconclusive": 4, "error": 1, "cancelled": 1}
@@ -150,8 +150,13 @@ class JobPublic(Report):
         return Report.model_validate(self.model_dump(include=set(Report.model_fields)))
 
 
+def _runs(trials: list[Trial]) -> list[Trial]:
+    """The finished runs of the script (resolve trials are not runs)."""
+    return [t for t in trials if t.status == TrialStatus.DONE and t.kind == TrialKind.RUN]
+
+
 def candidate_rows(candidates: list[Candidate], trials: list[Trial]) -> list[CandidateRow]:
-    done = [t for t in trials if t.status == TrialStatus.DONE]
+    done = _runs(trials)
     return [
         CandidateRow(
             position=c.position,
@@ -172,7 +177,7 @@ def candidate_rows(candidates: list[Candidate], trials: list[Trial]) -> list[Can
 
 
 def evidence(candidate: Candidate, trials: list[Trial]) -> Evidence:
-    runs = [t for t in trials if t.candidate_id == candidate.id and t.status == TrialStatus.DONE]
+    runs = [t for t in _runs(trials) if t.candidate_id == candidate.id]
     return Evidence(
         version=candidate.version,
         verdict=candidate.verdict,
@@ -226,7 +231,7 @@ def build_report(job: Job, candidates: list[Candidate], trials: list[Trial]) -> 
         between=list(result.get("skipped", [])),
         skipped=[c.version for c in candidates if _unjudged(c)],
         candidates=candidate_rows(candidates, trials),
-        trials=sum(1 for t in trials if t.status == TrialStatus.DONE),
+        trials=len(_runs(trials)),
         machine=job.machine,
     )
     if last_old and first_new:

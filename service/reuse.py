@@ -26,7 +26,7 @@ from sqlmodel import Session, col, select
 
 from service.analysis import ClassifierSettings
 from service.models import Candidate, Job
-from service.trials import env_spec
+from service.specs import env_spec
 from service.verdicts import Verdict
 
 # Bump when the key's contents change, so old keys stop matching new ones.

@@ -20,9 +20,9 @@ from statistics import median
 
 from sqlmodel import Session
 
-from service import queue, reuse
+from service import pins, queue, reuse
 from service.analysis import aggregate, needs_more_runs
-from service.models import Candidate, Job, JobStatus, Trial, TrialStatus, utcnow
+from service.models import Candidate, Job, JobStatus, Trial, TrialKind, TrialStatus, utcnow
 from service.planner import Outcome, Plan, ReleaseState, plan
 from service.store import candidates_of, trials_of
 from service.verdicts import Verdict
@@ -91,43 +91,56 @@ def advance(session: Session, job: Job, slots: int) -> Plan:
     with queue.job_lock(session, job):
         if JobStatus(job.status).finished:
             return Plan(run=(), outcome=None)
-        candidates = candidates_of(session, job)
-        reuse.ensure_keys(session, job, candidates)
-        by_id = {c.id: c for c in candidates}
-        open_trials: dict[int, list[Trial]] = defaultdict(list)
-        for trial in trials_of(session, job):
-            if trial.status == TrialStatus.CANCELLED:
-                continue
-            candidate = by_id[trial.candidate_id]
-            if trial.evaluation > len(candidate.evaluations):
-                open_trials[trial.candidate_id].append(trial)
-
-        running: set[int | None] = {
-            c.id
-            for c in candidates
-            if c.id in open_trials and _close_or_extend(session, job, c, open_trials[c.id])  # type: ignore[index]
-        }
-        reused = False
-        while True:
-            step = plan(_states(candidates, running), slots, find_fix=job.find_fix)
-            # Copy what earlier jobs already know, then ask again with it.
-            if not any([reuse.try_reuse(session, job, candidates[i]) for i in step.run]):
-                break
-            reused = True
-        for index in step.run:
-            candidate = candidates[index]
-            _queue(session, job, candidate, len(candidate.evaluations) + 1, job.repeats)
-        if step.outcome is not None:
-            conclude(session, job, step.outcome, candidates)
+        trials = trials_of(session, job)
+        if pins.pending(session, job, trials):
+            step = Plan(run=(), outcome=None)  # the resolve trial comes first
         else:
-            if job.status == JobStatus.QUEUED:
-                job.status = JobStatus.RUNNING
-            if reused:
-                job.message = _with_note(job.message, reuse.note(session, candidates))
+            step = _plan(session, job, slots, trials)
+        if step.outcome is None and job.status == JobStatus.QUEUED:
+            job.status = JobStatus.RUNNING
         job.updated_at = utcnow()
         session.add(job)
         session.commit()
         return step
+
+
+def _open_evaluations(
+    session: Session, job: Job, candidates: list[Candidate], trials: list[Trial]
+) -> set[int | None]:
+    """Settle every candidate's open evaluation; the ids of those still running."""
+    by_id = {c.id: c for c in candidates}
+    open_trials: dict[int, list[Trial]] = defaultdict(list)
+    for trial in trials:
+        if trial.status == TrialStatus.CANCELLED or trial.kind != TrialKind.RUN:
+            continue
+        if trial.evaluation > len(by_id[trial.candidate_id].evaluations):
+            open_trials[trial.candidate_id].append(trial)
+    return {
+        c.id
+        for c in candidates
+        if c.id in open_trials and _close_or_extend(session, job, c, open_trials[c.id])  # type: ignore[index]
+    }
+
+
+def _plan(session: Session, job: Job, slots: int, trials: list[Trial]) -> Plan:
+    candidates = candidates_of(session, job)
+    reuse.ensure_keys(session, job, candidates)
+    running = _open_evaluations(session, job, candidates, trials)
+    reused = False
+    while True:
+        step = plan(_states(candidates, running), slots, find_fix=job.find_fix)
+        # Copy what earlier jobs already know, then ask again with it.
+        if not any([reuse.try_reuse(session, job, candidates[i]) for i in step.run]):
+            break
+        reused = True
+    for index in step.run:
+        candidate = candidates[index]
+        _queue(session, job, candidate, len(candidate.evaluations) + 1, job.repeats)
+    if step.outcome is not None:
+        conclude(session, job, step.outcome, candidates)
+    elif reused:
+        job.message = _with_note(job.message, reuse.note(session, candidates))
+    return step
 
 
 def conclude(

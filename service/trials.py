@@ -1,47 +1,15 @@
-"""Trials: what a runner is told to run, and how its report is stored and judged."""
+"""Trials: how a runner's report is stored and judged (what it is told: service/specs.py)."""
 
 from sqlalchemy import insert
 from sqlmodel import Session
 
-from runners.wire import EnvSpec, TrialReport, TrialSpec
+from runners.wire import TrialReport
+from service import pins
 from service.analysis import ClassifierSettings, classify_run
-from service.models import Candidate, Job, MemorySample, Trial, TrialStatus, utcnow
+from service.models import Candidate, Job, MemorySample, Trial, TrialKind, TrialStatus, utcnow
 from service.verdicts import Verdict
 
 SAMPLE_FIELDS = {"t", "rss", "anon", "shared", "gpu", "step"}
-
-
-def env_spec(job: Job, candidate: Candidate) -> EnvSpec:
-    # As released: only what the index held the moment the candidate was uploaded.
-    exclude_newer = candidate.upload_time if job.as_released else None
-    return EnvSpec(
-        package=job.package,
-        version=candidate.version,
-        python=job.python,
-        requirements=list(job.requirements),
-        index_url=job.index_url,
-        extra_index_urls=list(job.extra_index_urls),
-        find_links=list(job.find_links),
-        pre=job.pre,
-        constraints=[] if job.as_released else list(job.constraints),
-        exclude_newer=exclude_newer,
-    )
-
-
-def trial_spec(job: Job, candidate: Candidate, trial: Trial) -> TrialSpec:
-    assert trial.id is not None
-    return TrialSpec(
-        trial_id=trial.id,
-        attempt=trial.attempt,
-        env=env_spec(job, candidate),
-        script=job.script,
-        script_name=job.script_name,
-        timeout_s=job.timeout_s,
-        memory_limit_bytes=job.memory_limit,
-        sample_hz=job.sample_hz,
-        requires_gpu=job.requires_gpu,
-        variables=dict(job.variables),
-    )
 
 
 def classifier_settings(job: Job) -> ClassifierSettings:
@@ -50,8 +18,11 @@ def classifier_settings(job: Job) -> ClassifierSettings:
 
 def record_report(
     session: Session, job: Job, candidate: Candidate, trial: Trial, report: TrialReport
-) -> Verdict:
-    """Store a runner's report with its samples and the classifier's verdict."""
+) -> Verdict | None:
+    """Store a runner's report with its samples and the classifier's verdict (None for a
+    resolve trial, which has no verdict)."""
+    if trial.kind == TrialKind.RESOLVE:
+        return _record_resolution(session, job, trial, report)
     trial.status = TrialStatus.DONE
     trial.finished_at = utcnow()
     trial.exit_code = report.exit_code
@@ -102,6 +73,17 @@ def record_report(
     session.add(candidate)
     session.commit()
     return verdict
+
+
+def _record_resolution(session: Session, job: Job, trial: Trial, report: TrialReport) -> None:
+    """A resolve trial: the job's pins (or why there are none); no samples, no verdict."""
+    trial.status = TrialStatus.DONE
+    trial.finished_at = utcnow()
+    trial.env_seconds = report.env.seconds
+    trial.error = None if report.env.ok else report.env.error
+    pins.record(job, report)
+    session.add_all([trial, job])
+    session.commit()
 
 
 def _headline_growth(run: dict) -> float | None:

@@ -218,7 +218,11 @@ def test_trial_finishing_within_grace_is_reported(
     job_id = submit(client, fixture_index, REPRO, range_="1.0.5..1.0.6")
     try:
         with AgentThread(client, tmp_path, uv_cache, grace_s=30) as at:
-            wait_until(lambda: at.agent.current is not None, 60, "a lease")
+            wait_until(
+                lambda: at.agent.current is not None and at.agent.current.spec.kind == "run",
+                60,
+                "a lease of a run (the resolve trial of the job's pins comes first)",
+            )
             trial = at.agent.current
             assert trial is not None
             at.agent.stop()  # one signal: finish within the grace period

@@ -14,12 +14,16 @@ from typing import Any
 import pytest
 from fastapi.testclient import TestClient
 from sqlalchemy import text
-from sqlmodel import Session
+from sqlmodel import Session, select
 
+from runners.wire import EnvResult, TrialReport
 from service.api import create_app
 from service.api.maintenance import tick
 from service.db import get_engine, upgrade
+from service.models import Candidate, Job, PinState, Trial, TrialKind
+from service.scheduler import advance, slots_for
 from service.settings import Settings
+from service.trials import record_report
 
 API = "/api/v1"
 MIB = 1024 * 1024
@@ -86,9 +90,34 @@ def body(index: str, **overrides: Any) -> dict[str, Any]:
 
 
 def submit(client: TestClient, index: str, **overrides: Any) -> dict[str, Any]:
+    """Submit, then settle the job's pins as a runner's resolve trial would (see
+    `resolve_pins`): the tests below follow the bisection that comes after."""
     response = client.post(f"{API}/jobs", json=body(index, **overrides))
     assert response.status_code == 201, response.text
-    return response.json()
+    created = response.json()
+    resolve_pins(client, created["id"])
+    return created
+
+
+def resolve_pins(client: TestClient, job_id: int) -> None:
+    """Record the job's resolve trial as done with the fixture's pins, and advance the job:
+    what a runner's report does (test_resolve_trial_over_the_protocol drives it over HTTP),
+    without a runner that would count as a free slot."""
+    settings: Settings = client.app.state.settings  # type: ignore[attr-defined]
+    with Session(get_engine(settings.effective_database_url)) as session:
+        job = session.get(Job, job_id)
+        assert job is not None
+        if job.pin_state != PinState.PENDING:
+            return
+        trial = session.exec(
+            select(Trial).where(Trial.job_id == job_id, Trial.kind == TrialKind.RESOLVE)
+        ).one()
+        candidate = session.get(Candidate, trial.candidate_id)
+        assert candidate is not None
+        pins = [f"leakyfixture=={candidate.version}"]
+        ok = TrialReport(trial_id=trial.id, env=EnvResult(ok=True), pins=pins)
+        record_report(session, job, candidate, trial, ok)
+        advance(session, job, slots_for(session, job, within_s=settings.runner_live_s))
 
 
 def job(client: TestClient, job_id: int) -> dict[str, Any]:
@@ -133,6 +162,10 @@ def series(leaks: bool) -> list[dict[str, Any]]:
 def report(held: dict[str, Any], runner_id: str) -> dict[str, Any]:
     spec = held["trial"]
     version = spec["env"]["version"]
+    if spec["kind"] == "resolve":  # the good bound's pins, as `uv pip compile` gives them
+        pins = [f"leakyfixture=={version}"]
+        ident = {"trial_id": spec["trial_id"], "attempt": spec["attempt"], "runner_id": runner_id}
+        return {**ident, "env": {"ok": True}, "pins": pins}
     leaks = tuple(int(p) for p in version.split(".")) >= FIRST_LEAK
     return {
         "trial_id": spec["trial_id"],
@@ -160,13 +193,16 @@ def heartbeat(client: TestClient, held: dict[str, Any], runner_id: str) -> Any:
 
 
 def drive(client: TestClient, runners: list[str]) -> list[list[str]]:
-    """Runners in lockstep: each leases one trial, then each completes its own. Rounds."""
+    """Runners in lockstep: each leases one trial, then each completes its own. Rounds of
+    the runs (a round that only resolved the job's pins is not one)."""
     rounds = []
     while True:
         held = [(r, got) for r in runners if (got := lease(client, r)) is not None]
         if not held:
             return rounds
-        rounds.append([got["trial"]["env"]["version"] for _, got in held])
+        runs = [got["trial"]["env"]["version"] for _, got in held if got["trial"]["kind"] == "run"]
+        if runs:
+            rounds.append(runs)
         for runner_id, got in held:
             response = complete(client, got, runner_id)
             assert response.status_code == 200, response.text
@@ -612,3 +648,64 @@ def test_more_refusals_name_their_cause(
         assert response.status_code == 413
         created = submit(client, fixture_index)
         assert created["url"] == f"https://bisect.example.com{API}/jobs/{created['id']}"
+
+
+# ------------------------------------------------------------------------- pins
+
+
+def test_resolve_trial_over_the_protocol(client: TestClient, fixture_index: str) -> None:
+    """The good bound's pins come from a runner, never from the API server."""
+    runner = register(client, "resolver")
+    response = client.post(f"{API}/jobs", json=body(fixture_index))
+    assert response.status_code == 201, response.text
+    job_id = response.json()["id"]
+    held = lease(client, runner)
+    assert held is not None
+    spec = held["trial"]
+    assert (spec["kind"], spec["env"]["version"], spec["env"]["constraints"]) == (
+        "resolve",
+        "1.0.0",
+        [],
+    )
+    assert job(client, job_id)["progress"]["trials_queued"] == 0  # nothing runs before pins
+    done = complete(client, held, runner)
+    assert done.status_code == 200 and done.json() == {"verdict": None}
+    first = lease(client, runner)
+    assert first is not None
+    assert (first["trial"]["kind"], first["trial"]["env"]["version"]) == ("run", "1.0.0")
+    assert first["trial"]["env"]["constraints"] == ["leakyfixture==1.0.0"]
+
+    # An identical job reuses those pins: it never needs a resolve trial.
+    again = client.post(f"{API}/jobs", json=body(fixture_index)).json()
+    settings: Settings = client.app.state.settings  # type: ignore[attr-defined]
+    with Session(get_engine(settings.effective_database_url)) as session:
+        second = session.get(Job, again["id"])
+        assert second is not None
+        assert (second.pin_state, second.constraints) == ("resolved", ["leakyfixture==1.0.0"])
+        kinds = session.exec(select(Trial.kind).where(Trial.job_id == again["id"])).all()
+        assert kinds == ["run"]
+
+
+def test_pins_that_do_not_resolve_leave_candidates_free(
+    client: TestClient, fixture_index: str
+) -> None:
+    runner = register(client, "resolver")
+    created = client.post(f"{API}/jobs", json=body(fixture_index, reuse_verdicts=False)).json()
+    held = lease(client, runner)
+    assert held is not None and held["trial"]["kind"] == "resolve"
+    failed = {
+        "trial_id": held["trial"]["trial_id"],
+        "attempt": held["trial"]["attempt"],
+        "runner_id": runner,
+        "env": {"ok": False, "error": "cannot resolve leakyfixture==1.0.0: no solution"},
+    }
+    response = client.post(f"{API}/trials/{held['trial']['trial_id']}/complete", json=failed)
+    assert response.status_code == 200, response.text
+    shown = job(client, created["id"])
+    assert shown["message"] == (
+        "no pins from the good bound (candidates resolve freely): "
+        "cannot resolve leakyfixture==1.0.0: no solution"
+    )
+    run = lease(client, runner)
+    assert run is not None
+    assert (run["trial"]["kind"], run["trial"]["env"]["constraints"]) == ("run", [])

@@ -92,9 +92,17 @@ def test_rows_written(bisection) -> None:
     con = sqlite3.connect(db)
     jobs = con.execute("select status, package, good, bad from job").fetchall()
     assert jobs == [("found", "leakyfixture", "1.0.0", "1.0.9")]
+    # The good bound's pins are resolved first, by a trial of their own (never on a server).
+    resolving = con.execute(
+        "select t.id, c.version, t.status, t.verdict from trial t "
+        "join candidate c on c.id = t.candidate_id where t.kind = 'resolve'"
+    ).fetchall()
+    assert resolving == [(1, "1.0.0", "done", None)]
+    pins = con.execute("select pin_state, constraints from job").fetchone()
+    assert (pins[0], json.loads(pins[1])) == ("resolved", ["leakyfixture==1.0.0"])
     visited = con.execute(
         "select c.version, t.verdict, t.exit_code, t.oom_killed from trial t "
-        "join candidate c on c.id = t.candidate_id order by t.id"
+        "join candidate c on c.id = t.candidate_id where t.kind = 'run' order by t.id"
     ).fetchall()
     # Bounds, binary search stepping over the untestable 1.0.4, then the boundary pair again.
     assert visited == [
@@ -201,7 +209,8 @@ def test_interrupt_cancels_the_job_and_kills_the_trial(
     assert con.execute("select status, message from job").fetchall() == [
         ("cancelled", "interrupted")
     ]
-    assert con.execute("select status from trial").fetchall() == [("cancelled",)]
+    trials = "select kind, status from trial order by id"
+    assert con.execute(trials).fetchall() == [("resolve", "done"), ("run", "cancelled")]
     assert not psutil.pid_exists(child) or psutil.Process(child).status() == psutil.STATUS_ZOMBIE
 
 

@@ -68,7 +68,7 @@ class TrialSamples(BaseModel):
 
 
 class CompleteAck(BaseModel):
-    verdict: str
+    verdict: str | None  # None for a resolve trial
 
 
 class ReturnAck(BaseModel):

@@ -77,12 +77,10 @@ def _open_database(url: str) -> Engine:
     return get_engine(url)
 
 
-def _create(session: Session, request: JobCreate, gpu: GpuProbe | None, cache: Path) -> Job:
+def _create(session: Session, request: JobCreate, gpu: GpuProbe | None) -> Job:
     try:
         find_python(request.python)
-        return create_job(
-            session, request, machine=describe_machine(gpu), cache_dir=cache, local=True
-        )
+        return create_job(session, request, machine=describe_machine(gpu), local=True)
     except EnvError as exc:
         fail(f"--python: {exc}")
     except LeakbisectError as exc:
@@ -135,7 +133,7 @@ def run(
         engine = _open_database(url)
         gpu = GpuProbe.open()
         with Session(engine) as session:
-            job = _create(session, request, gpu, settings.uv_cache_dir)
+            job = _create(session, request, gpu)
             if not json_:
                 count = len(store.candidates_of(session, job))
                 Console(stderr=True).print(

@@ -11,7 +11,7 @@ from service import store
 from service.api.deps import ClientAuth, SessionDep, SettingsDep
 from service.api.schemas import JobCreated, JobPage, JobSummary
 from service.jobs import create_job
-from service.models import Job, JobStatus, TrialStatus
+from service.models import Job, JobStatus, TrialKind, TrialStatus
 from service.report import JobPublic, Progress, RunningTrial, build_report, with_progress
 from service.scheduler import advance, cancel, slots_for
 from service.schemas import JobCreate
@@ -28,7 +28,8 @@ def job_url(request: Request, settings: Settings, job_id: int) -> str:
 def job_public(session: Session, job: Job) -> JobPublic:
     candidates = store.candidates_of(session, job)
     trials = store.trials_of(session, job)
-    count = {s: sum(1 for t in trials if t.status == s) for s in TrialStatus}
+    runs = [t for t in trials if t.kind == TrialKind.RUN]
+    count = {s: sum(1 for t in runs if t.status == s) for s in TrialStatus}
     version = {c.id: c.version for c in candidates}
     progress = Progress(
         candidates=len(candidates),
@@ -44,7 +45,7 @@ def job_public(session: Session, job: Job) -> JobPublic:
                 attempt=t.attempt,
                 rss=t.rss,
             )
-            for t in trials
+            for t in runs
             if t.status == TrialStatus.LEASED
         ],
     )
@@ -61,7 +62,7 @@ def submit_job(
     body: JobCreate, request: Request, session: SessionDep, settings: SettingsDep
 ) -> JobCreated:
     """Submit a bisection. Releases are listed here, so a bad range fails now with 422."""
-    job = create_job(session, body, cache_dir=settings.uv_cache_dir)
+    job = create_job(session, body)
     advance(session, job, slots_for(session, job, within_s=settings.runner_live_s))
     assert job.id is not None
     return JobCreated(id=job.id, url=job_url(request, settings, job.id), status=job.status)

@@ -31,7 +31,8 @@ from service.api.schemas import CompleteAck, ReturnAck
 from service.models import Candidate, Job, Runner
 from service.scheduler import advance, slots_for
 from service.settings import Settings
-from service.trials import record_report, trial_spec
+from service.specs import trial_spec
+from service.trials import record_report
 
 router = APIRouter(tags=["runners"], dependencies=[RunnerAuth])
 
@@ -150,7 +151,7 @@ def complete(
     verdict = record_report(session, job, candidate, trial, report)
     queue.touch_runner(session, report.runner_id)
     advance(session, job, slots_for(session, job, within_s=settings.runner_live_s))
-    return CompleteAck(verdict=verdict.value)
+    return CompleteAck(verdict=None if verdict is None else verdict.value)
 
 
 @router.post(
