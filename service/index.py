@@ -11,11 +11,15 @@ Errors are `IndexUnavailable`, with a one-line message for the user.
 
 from __future__ import annotations
 
+import ipaddress
+import json
 import os
 import re
+import socket
 import ssl
 import sys
 from collections.abc import Sequence
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from html.parser import HTMLParser
 from pathlib import Path
@@ -45,6 +49,11 @@ ACCEPT = {
     "html": "application/vnd.pypi.simple.v1+html, text/html;q=0.1",
 }
 DEFAULT_TIMEOUT = 30.0
+_How = tuple[str, float, int]  # Accept header, timeout, byte cap
+
+
+class IndexRefused(Exception):
+    """Raised inside the HTTP client when a URL breaks the fetch policy (never escapes)."""
 
 
 class IndexUnavailable(InvalidInput):
@@ -178,42 +187,118 @@ def _parse_html(text: str, base_url: str) -> list[DistFile]:
     return out
 
 
-def _fetch_page(
-    client: httpx.Client, url: str, what: str, accept: str, timeout: float
-) -> httpx.Response:
+@dataclass(frozen=True)
+class FetchPolicy:
+    """How far a listing may reach. `LOCAL` for `bisect-cli run`; the API builds a strict
+    one from its settings (`remote_policy`), since there a client names the URLs.
+
+    - ``local_paths``: find-links directories and ``file://`` locations are read.
+    - ``allowed_hosts``: only these hosts (``host`` or ``host:port``; ``*``: any); None:
+      no list, see ``public_only``.
+    - ``public_only`` (with no list): a host must resolve to public addresses only (no
+      loopback, private, link-local or reserved ones: the API must not become a way into
+      its own network). Checked before each request, redirects included; a name that
+      changes its answer between the check and the connection is the one gap left
+      (docs/security.md).
+    - ``max_redirects`` and ``max_bytes`` bound every page fetched.
+    """
+
+    local_paths: bool = True
+    allowed_hosts: tuple[str, ...] | None = None
+    public_only: bool = False
+    max_redirects: int = 5
+    max_bytes: int = 64 * 1024 * 1024
+
+
+LOCAL = FetchPolicy()
+
+
+@dataclass(frozen=True)
+class _Page:
+    status_code: int
+    url: str
+    content_type: str
+    body: bytes
+
+
+def _host_allowed(url: httpx.URL, policy: FetchPolicy) -> str | None:
+    """Why `url` may not be fetched under `policy`, or None when it may."""
+    if url.scheme not in ("http", "https"):
+        return f"only http and https indexes can be read, not {url.scheme}://"
+    host = url.host
+    allowed = policy.allowed_hosts
+    if allowed is not None:
+        named = {host, f"{host}:{url.port}"} if url.port else {host}
+        if "*" in allowed or named & set(allowed):
+            return None
+        return f"host {host} is not in BISECT_ALLOWED_INDEXES"
+    if policy.public_only and not _public(host, url.port or 443):
+        return f"host {host} is not a public address (list it in BISECT_ALLOWED_INDEXES)"
+    return None
+
+
+def _public(host: str, port: int) -> bool:
     try:
-        return client.get(url, headers={"Accept": accept})
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    except OSError:
+        return True  # it will fail to connect, with its own message
+    return all(ipaddress.ip_address(info[4][0]).is_global for info in infos)
+
+
+def _client(timeout: float, policy: FetchPolicy) -> httpx.Client:
+    def check(request: httpx.Request) -> None:
+        reason = _host_allowed(request.url, policy)
+        if reason is not None:
+            raise IndexRefused(reason)
+
+    return httpx.Client(
+        timeout=timeout,
+        follow_redirects=True,
+        max_redirects=policy.max_redirects,
+        verify=_ssl_verify(),
+        trust_env=True,
+        event_hooks={"request": [check]},
+    )
+
+
+def _fetch_page(
+    client: httpx.Client, url: str, what: str, accept: str, timeout: float, max_bytes: int
+) -> _Page:
+    try:
+        with client.stream("GET", url, headers={"Accept": accept}) as response:
+            body = bytearray()
+            for chunk in response.iter_bytes():
+                body += chunk
+                if len(body) > max_bytes:
+                    raise IndexUnavailable(f"{what} sent more than {max_bytes >> 20} MiB")
+            ctype = response.headers.get("content-type", "").split(";")[0].strip().lower()
+            return _Page(response.status_code, str(response.url), ctype, bytes(body))
+    except IndexRefused as exc:
+        raise IndexUnavailable(f"{what}: {exc}") from None
+    except httpx.TooManyRedirects:
+        raise IndexUnavailable(f"{what}: more than {client.max_redirects} redirects") from None
     except httpx.HTTPError as exc:
         raise IndexUnavailable(f"cannot reach {what}: {_describe(exc, timeout)}") from None
 
 
 def _index_files(
-    client: httpx.Client,
-    index_url: str,
-    project: str,
-    package: str,
-    accept: str,
-    timeout: float,
+    client: httpx.Client, index_url: str, project: str, package: str, how: _How
 ) -> list[DistFile] | None:
     """The files an index lists for the project; None when it does not know the project."""
     base = index_url.rstrip("/")
-    response = _fetch_page(client, f"{base}/{project}/", f"index {base}", accept, timeout)
-    if response.status_code in (404, 410):
+    page = _fetch_page(client, f"{base}/{project}/", f"index {base}", *how)
+    if page.status_code in (404, 410):
         return None
-    if response.status_code != 200:
-        raise IndexUnavailable(
-            f"index {base} answered {response.status_code} for package '{package}'"
-        )
-    ctype = response.headers.get("content-type", "").split(";")[0].strip().lower()
-    page_url = str(response.url)
-    if ctype in (JSON_TYPE, "application/json"):
+    if page.status_code != 200:
+        raise IndexUnavailable(f"index {base} answered {page.status_code} for package '{package}'")
+    if page.content_type in (JSON_TYPE, "application/json"):
         try:
-            return _parse_json(response.json(), page_url)
+            return _parse_json(json.loads(page.body), page.url)
         except (ValueError, KeyError, TypeError, AttributeError) as exc:
             raise IndexUnavailable(
                 f"index {base} sent unreadable JSON for package '{package}': {exc}"
             ) from None
-    return _parse_html(response.text, page_url)
+    return _parse_html(page.body.decode("utf-8", errors="replace"), page.url)
 
 
 def _local_files(location: Path) -> list[DistFile]:
@@ -227,14 +312,18 @@ def _local_files(location: Path) -> list[DistFile]:
 
 
 def _find_links_files(
-    client: httpx.Client, location: str, accept: str, timeout: float
+    client: httpx.Client, location: str, how: _How, policy: FetchPolicy
 ) -> list[DistFile]:
     scheme = urlsplit(location).scheme
     if scheme in ("http", "https"):
-        response = _fetch_page(client, location, f"find-links {location}", accept, timeout)
-        if response.status_code != 200:
-            raise IndexUnavailable(f"find-links {location} answered {response.status_code}")
-        return _parse_html(response.text, str(response.url))
+        page = _fetch_page(client, location, f"find-links {location}", *how)
+        if page.status_code != 200:
+            raise IndexUnavailable(f"find-links {location} answered {page.status_code}")
+        return _parse_html(page.body.decode("utf-8", errors="replace"), page.url)
+    if not policy.local_paths:
+        raise IndexUnavailable(
+            f"find-links {location}: only http and https locations can be read here"
+        )
     path = Path(unquote(urlsplit(location).path)) if scheme == "file" else Path(location)
     if not path.exists():
         raise IndexUnavailable(f"find-links location {location} does not exist")
@@ -250,6 +339,7 @@ def list_releases(
     timeout: float = DEFAULT_TIMEOUT,
     force_format: Literal["json", "html"] | None = None,
     client: httpx.Client | None = None,
+    policy: FetchPolicy = LOCAL,
 ) -> list[Release]:
     """Every release of `package` across the indexes and find-links, in PEP 440 order.
 
@@ -258,26 +348,26 @@ def list_releases(
     extra indexes in order, then find-links). Raises `IndexUnavailable` when a source
     cannot be read, or when no index knows the package and find-links hold none of it.
     `force_format` asks for JSON or HTML only (tests; indexes without content negotiation).
+    `policy` bounds what may be fetched (`FetchPolicy`).
     """
     project = canonicalize_name(package)
     accept = ACCEPT[force_format]
     indexes = ([index_url] if index_url else []) + list(extra_index_urls)
     own_client = client is None
     if client is None:
-        client = httpx.Client(
-            timeout=timeout, follow_redirects=True, verify=_ssl_verify(), trust_env=True
-        )
+        client = _client(timeout, policy)
+    how: _How = (accept, timeout, policy.max_bytes)
     files: list[DistFile] = []
     missing: list[str] = []
     try:
         for url in indexes:
-            found = _index_files(client, url, project, package, accept, timeout)
+            found = _index_files(client, url, project, package, how)
             if found is None:
                 missing.append(url.rstrip("/"))
             else:
                 files.extend(found)
         for location in find_links:
-            files.extend(_find_links_files(client, str(location), accept, timeout))
+            files.extend(_find_links_files(client, str(location), how, policy))
     finally:
         if own_client:
             client.close()
@@ -311,7 +401,9 @@ def target_tags(python: str | None = None) -> tuple[str, list[ptags.Tag]]:
         return f"{running.major}.{running.minor}.{running.micro}", list(ptags.sys_tags())
     match = _PY_RE.search(python)
     if match is None:
-        raise ValueError(f"cannot tell the Python version of '{python}'; write e.g. 3.12")
+        raise InvalidInput(
+            f"cannot tell the Python version of '{python}'; write e.g. 3.12", field="python"
+        )
     major, minor = int(match.group(1)), int(match.group(2))
     version = match.group(0)
     if (major, minor) == (running.major, running.minor):

@@ -6,12 +6,12 @@ from typing import Any
 from sqlmodel import Session
 
 from service import pins, releases
-from service.index import PYPI_SIMPLE, list_releases, target_tags
+from service.index import LOCAL, PYPI_SIMPLE, FetchPolicy, list_releases, target_tags
 from service.models import Candidate, Job
 from service.schemas import JobCreate
 
 
-def releases_for(request: JobCreate) -> list[releases.RangeRelease]:
+def releases_for(request: JobCreate, fetch: FetchPolicy = LOCAL) -> list[releases.RangeRelease]:
     """The ordered candidates of the request's range (raises RangeError, IndexUnavailable)."""
     python_version, tags = target_tags(request.python)
     listed = list_releases(
@@ -19,6 +19,7 @@ def releases_for(request: JobCreate) -> list[releases.RangeRelease]:
         index_url=request.index_url or PYPI_SIMPLE,
         extra_index_urls=request.extra_index_urls,
         find_links=request.find_links,
+        policy=fetch,
     )
     good, bad = request.bounds
     return releases.select_range(
@@ -39,12 +40,15 @@ def create_job(
     *,
     machine: dict[str, Any] | None = None,
     local: bool = False,
+    fetch: FetchPolicy = LOCAL,
+    owner: str | None = None,
 ) -> Job:
     """List the range's releases and store the job with its candidates (committed).
 
-    `local`: made by `bisect-cli run`, whose process runs it (see service/queue.py).
+    `local`: made by `bisect-cli run`, whose process runs it (see service/queue.py);
+    `fetch`: what reading the indexes may reach (the API's is strict: service/api/policy.py).
     """
-    found = releases_for(request)
+    found = releases_for(request, fetch)
     job = Job.model_validate(
         request,
         update={
@@ -56,6 +60,7 @@ def create_job(
             "hardware_class": "gpu" if request.requires_gpu else "cpu",
             "machine": machine,
             "local": local,
+            "owner": owner,
         },
     )
     session.add(job)

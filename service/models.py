@@ -88,6 +88,8 @@ class Job(JobOptions, table=True):
     # Made by `bisect-cli run`: that process runs it; no runner claims it and the service's
     # maintenance never advances it, even when both share one database (service/queue.py).
     local: bool = Field(default=False, index=True)
+    # The name of the token that submitted it (service/api/deps.py); None in an open service.
+    owner: str | None = Field(default=None, index=True)
 
 
 class Candidate(SQLModel, table=True):

@@ -25,6 +25,8 @@ from sqlmodel import Field, SQLModel
 from service.units import SIZE_HELP, parse_size
 
 MAX_SCRIPT_BYTES = 1024 * 1024
+# A cap below this cannot hold a Python interpreter; above it is no cap at all.
+MIN_MEMORY_LIMIT, MAX_MEMORY_LIMIT = 16 * 1024 * 1024, 1 << 50
 MAX_REQUIREMENTS = 200
 MAX_URLS = 20
 MAX_TEXT = 2000  # a requirement, a URL
@@ -84,8 +86,10 @@ class JobOptions(SQLModel):
         "repro.py", flag=None, help="The script's file name (a plain name ending in .py)."
     )
     python: str | None = option(
-        None, flag="--python", help="Python version for the environments, e.g. 3.12.",
-        metavar="VER", max_length=20,
+        None,
+        flag="--python",
+        help="Python version for the environments, e.g. 3.12.",
+        metavar="VER",
     )  # fmt: skip
     requirements: list[str] = option(
         default_factory=list,
@@ -146,10 +150,8 @@ class JobOptions(SQLModel):
     memory_limit: int | None = option(
         None,
         flag="--memory-limit",
-        help=f"Hard cap per run: {SIZE_HELP} (default 80% of the runner's RAM).",
+        help=f"Hard cap per run: {SIZE_HELP}, at least 16MiB (default 80% of the runner's RAM).",
         metavar="SIZE",
-        ge=1,
-        le=1 << 50,
         sa_type=BigInteger,
     )
     sample_hz: float = option(
@@ -253,7 +255,16 @@ class JobOptions(SQLModel):
     @field_validator("memory_limit", mode="before")
     @classmethod
     def _memory_limit(cls, value: Any) -> int | None:
-        return None if value is None else parse_size(value)
+        if value is None:
+            return None
+        if isinstance(value, float) and value.is_integer():
+            value = int(value)
+        if not isinstance(value, int | str) or isinstance(value, bool):
+            raise ValueError(f"{value!r} is not {SIZE_HELP}")
+        size = parse_size(value)
+        if not MIN_MEMORY_LIMIT <= size <= MAX_MEMORY_LIMIT:
+            raise ValueError(f"{value!r} is outside 16MiB..1PiB, the caps a run can have")
+        return size
 
     @field_validator("variables")
     @classmethod

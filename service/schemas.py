@@ -1,12 +1,17 @@
 """Wire models of jobs: what submissions carry and what the API and CLI show."""
 
-from pydantic import Field, field_validator
+from pydantic import ConfigDict, Field, field_validator
 
 from service.options import JobOptions
 
 
 class JobCreate(JobOptions):
-    """A bisection request, the same from `bisect-cli run`, `submit` and REST."""
+    """A bisection request, the same from `bisect-cli run`, `submit` and REST.
+
+    Unknown fields are refused: a misspelt option must not be silently ignored.
+    """
+
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)  # type: ignore[assignment]
 
     range: str = Field(
         description="GOOD..BAD (find-fix: OLD..NEW), both ends included", max_length=200

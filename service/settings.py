@@ -1,6 +1,8 @@
 """Settings from the environment (`BISECT_*`), behind a cached getter."""
 
+import hashlib
 import os
+import re
 from functools import lru_cache
 from pathlib import Path
 from typing import Annotated, Any
@@ -19,6 +21,34 @@ def _cache_home() -> Path:
     return Path(base) / "leakbisect"
 
 
+TOKEN_NAME = re.compile(r"[A-Za-z0-9_.-]{1,64}")
+
+
+class NamedToken(SecretStr):
+    """A bearer token and the name jobs submitted with it are recorded under.
+
+    Configured as ``name:token``; a plain ``token`` is named ``token-`` plus the first 8
+    hex digits of its SHA-256 (stable across restarts and reorderings, and no secret).
+    """
+
+    def __init__(self, secret: str, name: str | None = None) -> None:
+        super().__init__(secret)
+        self.name = name or f"token-{hashlib.sha256(secret.encode()).hexdigest()[:8]}"
+
+
+def parse_tokens(text: str) -> list[NamedToken]:
+    tokens = []
+    for item in (part.strip() for part in text.split(",")):
+        if not item:
+            continue
+        name, sep, secret = item.partition(":")
+        if sep and secret and TOKEN_NAME.fullmatch(name):
+            tokens.append(NamedToken(secret, name))
+        else:
+            tokens.append(NamedToken(item))
+    return tokens
+
+
 # Comma-separated in the environment; SecretStr so a printed Settings never shows them.
 Tokens = Annotated[list[SecretStr], NoDecode]
 
@@ -26,15 +56,24 @@ Tokens = Annotated[list[SecretStr], NoDecode]
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="BISECT_", extra="ignore")
 
-    data_dir: Path = _data_home()
+    data_dir: Path = Field(default_factory=_data_home)
     # Environments and the shared uv cache live together so uv can hard-link.
-    cache_dir: Path = _cache_home()
+    cache_dir: Path = Field(default_factory=_cache_home)
     database_url: str | None = None
 
-    # Bearer tokens (BISECT_API_TOKENS, BISECT_RUNNER_TOKENS): comma-separated. None of
-    # either configured means an open service (and `serve` binds 127.0.0.1 only).
+    # Bearer tokens, comma-separated `name:token` (or plain `token`): API tokens submit and
+    # read their own jobs, admin tokens see and cancel all, view tokens read all (the web
+    # page) and change nothing, runner tokens run trials. None configured means an open
+    # service (and `serve` binds 127.0.0.1 only).
     api_tokens: Tokens = Field(default_factory=list)
+    admin_tokens: Tokens = Field(default_factory=list)
+    view_tokens: Tokens = Field(default_factory=list)
     runner_tokens: Tokens = Field(default_factory=list)
+    # With no tokens the API answers only requests whose Host is one of these (DNS
+    # rebinding: a web page must not reach a loopback API by a name it controls).
+    trusted_hosts: Annotated[list[str], NoDecode] = Field(
+        default_factory=lambda: ["127.0.0.1", "localhost", "::1"]
+    )
     # Leases: a runner must heartbeat (every heartbeat_s) before lease_s passes, or
     # the reaper (every reap_interval_s; 0 turns the background thread off) requeues
     # its trial; after max_attempts expired leases the trial is an error.
@@ -47,17 +86,31 @@ class Settings(BaseSettings):
     # Base of the job URLs the API hands out (e.g. https://bisect.example.com);
     # default: the base URL of the request.
     public_url: str | None = None
+    # Index hosts the API may read for a job (BISECT_ALLOWED_INDEXES, comma-separated,
+    # host or host:port, "*" for any). Unset: any public host when tokens are configured,
+    # any host at all when they are not (the API then listens on loopback only).
+    allowed_indexes: Annotated[list[str], NoDecode] = Field(default_factory=list)
+    index_max_bytes: int = Field(default=64 * 1024 * 1024, gt=0)
 
-    @field_validator("api_tokens", "runner_tokens", mode="before")
+    @field_validator("allowed_indexes", "trusted_hosts", mode="before")
+    @classmethod
+    def _split_hosts(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            return [host.strip().lower() for host in value.split(",") if host.strip()]
+        return value
+
+    @field_validator("api_tokens", "admin_tokens", "view_tokens", "runner_tokens", mode="before")
     @classmethod
     def _split_tokens(cls, value: Any) -> Any:
         if isinstance(value, str):
-            return [token.strip() for token in value.split(",") if token.strip()]
+            return parse_tokens(value)
+        if isinstance(value, list):
+            return [NamedToken(v) if isinstance(v, str) else v for v in value]
         return value
 
     @property
     def auth_enabled(self) -> bool:
-        return bool(self.api_tokens or self.runner_tokens)
+        return bool(self.api_tokens or self.admin_tokens or self.view_tokens or self.runner_tokens)
 
     @property
     def effective_database_url(self) -> str:

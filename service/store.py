@@ -79,11 +79,15 @@ def jobs_page(
     *,
     status: JobStatus | None = None,
     package: str | None = None,
+    owner: str | None = None,
     limit: int = 50,
     offset: int = 0,
 ) -> tuple[list[Job], int]:
-    """A page of jobs, newest first, and how many match in all (names compare as PEP 503)."""
+    """A page of jobs, newest first, and how many match in all (names compare as PEP 503);
+    `owner`: only that token's jobs."""
     where = []
+    if owner is not None:
+        where.append(col(Job.owner) == owner)
     if status is not None:
         where.append(col(Job.status) == status.value)
     if package:

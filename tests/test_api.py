@@ -62,6 +62,7 @@ def make_client(
             "data_dir": tmp_path / "data",
             "cache_dir": tmp_path / "cache",
             "reap_interval_s": 0,  # tests reap by calling tick(), unless they want the thread
+            "trusted_hosts": ["testserver"],  # the TestClient's Host
             **overrides,
         }
         with TestClient(create_app(Settings(**fields))) as client:

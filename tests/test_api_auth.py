@@ -26,6 +26,8 @@ def settings(tmp_path: Path, **fields: object) -> Settings:
         data_dir=tmp_path,
         cache_dir=tmp_path / "cache",
         reap_interval_s=0,
+        trusted_hosts=["testserver"],  # the TestClient's Host (checked with no tokens)
+        allowed_indexes=["127.0.0.1"],  # the fixture index (only public ones by default)
         **fields,  # type: ignore[arg-type]
     )
 

@@ -1,4 +1,4 @@
-"""pins resolved on runners: resolve trials and the job's pin state
+"""pins resolved on runners (resolve trials, the job's pin state) and job owners
 
 The API server no longer resolves the good bound's pins itself (resolution may build
 sdists, i.e. run code the job names): a job with pending pins gets a resolve trial first
@@ -28,6 +28,8 @@ def upgrade() -> None:
         )
         batch_op.add_column(sa.Column("pin_key", sa.String(), nullable=True))
         batch_op.create_index(batch_op.f("ix_job_pin_key"), ["pin_key"], unique=False)
+        batch_op.add_column(sa.Column("owner", sa.String(), nullable=True))
+        batch_op.create_index(batch_op.f("ix_job_owner"), ["owner"], unique=False)
     with op.batch_alter_table("trial", schema=None) as batch_op:
         batch_op.add_column(sa.Column("kind", sa.String(), nullable=False, server_default="run"))
     op.execute(
@@ -44,6 +46,8 @@ def downgrade() -> None:
     with op.batch_alter_table("trial", schema=None) as batch_op:
         batch_op.drop_column("kind")
     with op.batch_alter_table("job", schema=None) as batch_op:
+        batch_op.drop_index(batch_op.f("ix_job_owner"))
+        batch_op.drop_column("owner")
         batch_op.drop_index(batch_op.f("ix_job_pin_key"))
         batch_op.drop_column("pin_key")
         batch_op.drop_column("pin_state")

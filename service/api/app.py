@@ -10,34 +10,17 @@ import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
-from fastapi import FastAPI, Request, status
-from fastapi.responses import JSONResponse
-from starlette.middleware.base import BaseHTTPMiddleware, RequestResponseEndpoint
-from starlette.responses import Response
+from fastapi import FastAPI
 
 from runners.wire import API_PREFIX
 from service.api import errors
+from service.api.guard import Guard
 from service.api.maintenance import Maintenance
 from service.api.routes import api_router
 from service.db import get_engine, upgrade
 from service.settings import Settings, get_settings
 
 log = logging.getLogger(__name__)
-
-# A 1 MiB script is at most ~6 MiB of JSON (\uXXXX escapes); anything bigger is refused unread.
-MAX_SUBMIT_BYTES = 8 * 1024 * 1024
-
-
-class _SubmitSizeLimit(BaseHTTPMiddleware):
-    async def dispatch(self, request: Request, call_next: RequestResponseEndpoint) -> Response:
-        if request.method == "POST" and request.url.path.rstrip("/") == f"{API_PREFIX}/jobs":
-            length = request.headers.get("content-length", "")
-            if length.isdigit() and int(length) > MAX_SUBMIT_BYTES:
-                return JSONResponse(
-                    status_code=status.HTTP_413_CONTENT_TOO_LARGE,
-                    content={"detail": "script: the request is larger than 8 MiB"},
-                )
-        return await call_next(request)
 
 
 def create_app(settings: Settings | None = None, *, migrate: bool = True) -> FastAPI:
@@ -68,6 +51,6 @@ def create_app(settings: Settings | None = None, *, migrate: bool = True) -> Fas
     )
     app.state.settings = settings
     errors.install(app)
-    app.add_middleware(_SubmitSizeLimit)
+    app.add_middleware(Guard, settings=settings)
     app.include_router(api_router, prefix=API_PREFIX)
     return app

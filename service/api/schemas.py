@@ -27,6 +27,7 @@ class JobSummary(BaseModel):
     created_at: datetime
     finished_at: datetime | None
     result: dict[str, Any] | None
+    owner: str | None = None
 
 
 class JobPage(BaseModel):

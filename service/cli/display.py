@@ -5,12 +5,14 @@ from typing import Any
 
 from rich.console import Console, Group
 from rich.live import Live
+from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
 from runners.wire import Sample
 from service.models import Candidate, Trial
 from service.report import CandidateRow, Report
+from service.text import printable
 from service.verdicts import Verdict
 
 STYLE = {
@@ -22,6 +24,12 @@ STYLE = {
     "error": ("E", "bold white on magenta"),
 }
 SPARK = "▁▂▃▄▅▆▇█"
+
+
+def outside(text: str | None) -> str:
+    """Text that did not come from leakbisect (script output, uv, an index), made safe for
+    the terminal and for Rich markup."""
+    return escape(printable(text or ""))
 
 
 def cell(verdict: str | None, testable: bool, running: bool) -> Text:
@@ -104,14 +112,14 @@ class LiveDisplay:
         self.trials += 1
         self.cells[candidate.id][1] = candidate.verdict or verdict.value
         self.current, self.current_id = None, None
-        reason = (trial.analysis or {}).get("reason", "")
+        reason = outside((trial.analysis or {}).get("reason", ""))
         self.console.print(
             f"  {candidate.version:<14} trial {trial.id}: {verdict.value:<12} {reason}"
         )
         self.refresh()
 
     def message(self, text: str) -> None:
-        self.console.print(text)
+        self.console.print(outside(text))
 
 
 class LineProgress:
@@ -127,11 +135,11 @@ class LineProgress:
         pass
 
     def trial_finished(self, candidate: Candidate, trial: Trial, verdict: Verdict) -> None:
-        reason = (trial.analysis or {}).get("reason", "")
+        reason = outside((trial.analysis or {}).get("reason", ""))
         self.console.print(f"  {candidate.version}: {verdict.value} {reason}")
 
     def message(self, text: str) -> None:
-        self.console.print(text)
+        self.console.print(outside(text))
 
 
 def render_report(console: Console, report: Report, curves: dict[int, list[float]]) -> None:
@@ -156,7 +164,7 @@ def _headline(console: Console, report: Report) -> None:
     else:
         console.print(f"[bold]{report.package}[/]: {report.status.replace('_', ' ')}")
     if report.message:
-        console.print(report.message)
+        console.print(outside(report.message))
     if report.status == "bounds_failed" and "does not leak" in (report.message or ""):
         console.print(
             "hint: a leak that grows less than the threshold during one run counts as clean; "
@@ -167,14 +175,14 @@ def _headline(console: Console, report: Report) -> None:
 def _notes(row: CandidateRow) -> str:
     notes = []
     if row.yanked:
-        notes.append(f"yanked: {row.yanked_reason or 'no reason given'}")
+        notes.append(f"yanked: {printable(row.yanked_reason or 'no reason given')}")
     if not row.testable:
-        notes.append(f"untestable: {row.untestable_reason}")
+        notes.append(f"untestable: {printable(row.untestable_reason or '')}")
     if row.resolution and row.resolution != "constrained":
         notes.append(f"resolution: {row.resolution}")
     if row.reused:
         notes.append("verdict reused")
-    return "; ".join(notes)
+    return escape("; ".join(notes))
 
 
 def _candidate_table(report: Report) -> Table:
@@ -192,7 +200,7 @@ def _evidence(console: Console, report: Report, curves: dict[int, list[float]]) 
     for item in report.evidence:
         console.print(f"[bold]evidence {item.version}[/] ({item.verdict})")
         for run in item.runs:
-            reason = (run.analysis or {}).get("reason", "")
+            reason = outside((run.analysis or {}).get("reason", ""))
             console.print(f"  trial {run.trial}: {run.verdict}: {reason}")
             curve = curves.get(run.trial)
             if curve:

@@ -10,12 +10,14 @@ from typing import Annotated, Any
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from service.cli.display import render_report
 from service.cli.options import Json
 from service.cli.remote import DEFAULT_SERVER, Server, Token, api_errors, make_client
 from service.report import Report
+from service.text import printable
 
 JobId = Annotated[int, typer.Argument(help="The job's id (from submit or list).", min=1)]
 TrialId = Annotated[int, typer.Argument(help="The trial's id (from status --json).", min=1)]
@@ -93,7 +95,7 @@ def list_jobs(
             item["package"],
             item["range"],
             str(item["created_at"])[:19].replace("T", " "),
-            _result(item),
+            escape(printable(_result(item))),
         )
     Console().print(table)
 
@@ -143,6 +145,7 @@ def logs(
         err=True,
     )
     if info.get("error"):
-        typer.echo(f"error: {info['error']}", err=True)
-    tail = info.get("log_tail") or ""
+        typer.echo(f"error: {printable(info['error'])}", err=True)
+    # The script's own output: whatever it printed must not reach the terminal as control.
+    tail = printable(info.get("log_tail") or "")
     typer.echo(tail, nl=not tail.endswith("\n"))

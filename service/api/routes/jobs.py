@@ -5,10 +5,11 @@ from typing import Annotated
 from fastapi import APIRouter, Query, Request, status
 from sqlmodel import Session
 
-from runners.errors import Conflict
+from runners.errors import Conflict, Forbidden
 from runners.wire import API_PREFIX
 from service import store
-from service.api.deps import ClientAuth, SessionDep, SettingsDep
+from service.api import policy
+from service.api.deps import Caller, ReaderDep, SessionDep, SettingsDep, WriterDep
 from service.api.schemas import JobCreated, JobPage, JobSummary
 from service.jobs import create_job
 from service.models import Job, JobStatus, TrialKind, TrialStatus
@@ -17,12 +18,20 @@ from service.scheduler import advance, cancel, slots_for
 from service.schemas import JobCreate
 from service.settings import Settings
 
-router = APIRouter(prefix="/jobs", tags=["jobs"], dependencies=[ClientAuth])
+router = APIRouter(prefix="/jobs", tags=["jobs"])
 
 
 def job_url(request: Request, settings: Settings, job_id: int) -> str:
     base = (settings.public_url or str(request.base_url)).rstrip("/")
     return f"{base}{API_PREFIX}/jobs/{job_id}"
+
+
+def readable_job(session: Session, job_id: int, caller: Caller) -> Job:
+    """The job, if this caller may see it; another token's job is as good as absent (404)."""
+    job = store.job(session, job_id)
+    if not caller.may_read(job.owner):
+        raise store.JobNotFound(f"job {job_id} not found")
+    return job
 
 
 def job_public(session: Session, job: Job) -> JobPublic:
@@ -59,10 +68,11 @@ def job_public(session: Session, job: Job) -> JobPublic:
     responses={422: {"description": "a bad field, or a range the index cannot serve"}},
 )
 def submit_job(
-    body: JobCreate, request: Request, session: SessionDep, settings: SettingsDep
+    body: JobCreate, request: Request, session: SessionDep, settings: SettingsDep, caller: WriterDep
 ) -> JobCreated:
     """Submit a bisection. Releases are listed here, so a bad range fails now with 422."""
-    job = create_job(session, body)
+    policy.check_submission(body)
+    job = create_job(session, body, fetch=policy.fetch_policy(settings), owner=caller.name)
     advance(session, job, slots_for(session, job, within_s=settings.runner_live_s))
     assert job.id is not None
     return JobCreated(id=job.id, url=job_url(request, settings, job.id), status=job.status)
@@ -73,14 +83,17 @@ def list_jobs(
     request: Request,
     session: SessionDep,
     settings: SettingsDep,
+    caller: ReaderDep,
     status_: Annotated[JobStatus | None, Query(alias="status")] = None,
     package: Annotated[str | None, Query(max_length=200)] = None,
     limit: Annotated[int, Query(ge=1, le=500)] = 50,
     offset: Annotated[int, Query(ge=0)] = 0,
 ) -> JobPage:
-    """Jobs, newest first, filtered by status and package (names compare as PEP 503)."""
+    """Jobs, newest first, filtered by status and package (names compare as PEP 503);
+    an API token sees the jobs it submitted, admin and view tokens see all."""
+    owner = None if caller.sees_all else caller.name
     jobs, total = store.jobs_page(
-        session, status=status_, package=package, limit=limit, offset=offset
+        session, status=status_, package=package, owner=owner, limit=limit, offset=offset
     )
     items = [
         JobSummary(
@@ -95,6 +108,7 @@ def list_jobs(
             created_at=job.created_at,
             finished_at=job.finished_at,
             result=job.result,
+            owner=job.owner,
         )
         for job in jobs
     ]
@@ -102,9 +116,9 @@ def list_jobs(
 
 
 @router.get("/{job_id}", response_model=JobPublic, responses={404: {"description": "no such job"}})
-def get_job_report(job_id: int, session: SessionDep) -> JobPublic:
+def get_job_report(job_id: int, session: SessionDep, caller: ReaderDep) -> JobPublic:
     """The job's report (as `bisect-cli run --json` prints it) with its progress."""
-    return job_public(session, store.job(session, job_id))
+    return job_public(session, readable_job(session, job_id, caller))
 
 
 @router.post(
@@ -112,10 +126,12 @@ def get_job_report(job_id: int, session: SessionDep) -> JobPublic:
     response_model=JobPublic,
     responses={404: {"description": "no such job"}, 409: {"description": "already finished"}},
 )
-def cancel_job(job_id: int, session: SessionDep) -> JobPublic:
+def cancel_job(job_id: int, session: SessionDep, caller: WriterDep) -> JobPublic:
     """Cancel the job: queued trials are cancelled, leased ones are refused at their next
     heartbeat (409) so their runners kill them."""
-    job = store.job(session, job_id)
+    job = readable_job(session, job_id, caller)
+    if not caller.may_change(job.owner):
+        raise Forbidden(f"job {job_id} was submitted by another token")
     if not cancel(session, job):
         raise Conflict(f"job {job_id} has already finished ({job.status})")
     return job_public(session, job)

@@ -1,0 +1,153 @@
+"""The API's outer wall, in front of every route (an ASGI middleware): checks that cost
+nothing come before anything reads the request body.
+
+In this order, for every HTTP request:
+
+1. Host. With no tokens configured the API answers only requests whose Host header is
+   one of `Settings.trusted_hosts` (127.0.0.1, localhost, ::1 by default): a web page
+   that makes a browser send requests to a name it controls (DNS rebinding) gets 400.
+2. Token. With tokens configured, a request under the API prefix without a bearer token
+   that matches a configured one is refused (401) before its body is read; the route's
+   own dependency then checks the token's role (service/api/deps.py).
+3. Size. The body may be at most `limit_for(method, path)` bytes: a Content-Length above
+   it is refused at once, and a body sent without one (chunked) is read up to the limit
+   and refused (413) as soon as it passes it, so the server never holds more than the
+   limit of any request. The body read is then handed to the route unchanged.
+"""
+
+import json
+import re
+from collections.abc import Awaitable, Callable, MutableMapping
+from typing import Any
+
+from runners.wire import API_PREFIX
+from service.api.deps import identify
+from service.settings import Settings
+
+Scope = MutableMapping[str, Any]
+Message = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
+
+KIB, MIB = 1024, 1024 * 1024
+# A 1 MiB script is at most ~6 MiB of JSON (\uXXXX escapes).
+SUBMIT_LIMIT = 8 * MIB
+# MAX_REPORT_SAMPLES samples of ~120 bytes of JSON each, steps, a 64 KiB log tail, pins.
+REPORT_LIMIT = 16 * MIB
+DEFAULT_LIMIT = 256 * KIB
+_REPORT = re.compile(rf"^{re.escape(API_PREFIX)}/trials/[^/]+/complete/?$")
+_SUBMIT = re.compile(rf"^{re.escape(API_PREFIX)}/jobs/?$")
+
+
+def limit_for(method: str, path: str) -> int:
+    """The most bytes a request body may have."""
+    if method == "POST" and _SUBMIT.match(path):
+        return SUBMIT_LIMIT
+    if method == "POST" and _REPORT.match(path):
+        return REPORT_LIMIT
+    return DEFAULT_LIMIT
+
+
+def _too_large(limit: int, path: str) -> tuple[int, str]:
+    what = "script: the request" if _SUBMIT.match(path) else "the request body"
+    size = f"{limit // MIB} MiB" if limit >= MIB else f"{limit // KIB} KiB"
+    return 413, f"{what} is larger than {size}"
+
+
+async def _answer(
+    send: Send, status: int, detail: str, extra: dict[str, str] | None = None
+) -> None:
+    body = json.dumps({"detail": detail}).encode()
+    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
+    headers += [(k.encode(), v.encode()) for k, v in (extra or {}).items()]
+    await send({"type": "http.response.start", "status": status, "headers": headers})
+    await send({"type": "http.response.body", "body": body})
+
+
+def _host(headers: dict[str, str]) -> str:
+    host = headers.get("host", "")
+    if host.startswith("["):  # [::1]:8000
+        return host[1:].split("]", 1)[0]
+    return host.rsplit(":", 1)[0] if host.count(":") == 1 else host
+
+
+class Guard:
+    """See the module docstring; `settings` is the app's."""
+
+    def __init__(self, app: ASGIApp, settings: Settings) -> None:
+        self.app = app
+        self.settings = settings
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
+        refusal = self._refusal(scope, headers)
+        if refusal is not None:
+            status, detail, extra = refusal
+            return await _answer(send, status, detail, extra)
+        limit = limit_for(scope["method"], scope["path"])
+        length = headers.get("content-length", "")
+        if length.isdigit() and int(length) > limit:
+            return await _answer(send, *_too_large(limit, scope["path"]))
+        body = await _read(receive, limit)
+        if body is None:
+            return await _answer(send, *_too_large(limit, scope["path"]))
+        await self.app(scope, _replay(body, receive), send)
+
+    def _refusal(
+        self, scope: Scope, headers: dict[str, str]
+    ) -> tuple[int, str, dict[str, str] | None] | None:
+        settings = self.settings
+        if not settings.auth_enabled:
+            host = _host(headers).lower()
+            if host not in settings.trusted_hosts:
+                return (
+                    400,
+                    f"Host {host or '(none)'} is not served: with no tokens configured the API "
+                    f"answers only to {', '.join(settings.trusted_hosts)} (BISECT_TRUSTED_HOSTS)",
+                    None,
+                )
+            return None
+        if not scope["path"].startswith(API_PREFIX):
+            return None
+        scheme, _, token = headers.get("authorization", "").partition(" ")
+        if scheme.lower() != "bearer" or not token.strip():
+            return 401, "missing bearer token (Authorization: Bearer TOKEN)", _CHALLENGE
+        if identify(settings, token.strip()) is None:
+            return 401, "invalid bearer token", _CHALLENGE
+        return None
+
+
+_CHALLENGE = {"www-authenticate": "Bearer"}
+
+
+async def _read(receive: Receive, limit: int) -> bytes | None:
+    """The whole body, or None as soon as it passes `limit` bytes."""
+    chunks: list[bytes] = []
+    size = 0
+    while True:
+        message = await receive()
+        if message["type"] != "http.request":
+            return b"".join(chunks)  # disconnected: the route sees what came
+        chunk = message.get("body", b"")
+        size += len(chunk)
+        if size > limit:
+            return None
+        chunks.append(chunk)
+        if not message.get("more_body", False):
+            return b"".join(chunks)
+
+
+def _replay(body: bytes, receive: Receive) -> Receive:
+    sent = False
+
+    async def replay() -> Message:
+        nonlocal sent
+        if not sent:
+            sent = True
+            return {"type": "http.request", "body": body, "more_body": False}
+        return await receive()  # then wait for the disconnect, as a server's receive does
+
+    return replay
