@@ -7,10 +7,16 @@ GPU series is then "unavailable". Otherwise `GpuProbe.sample(pids)` answers
 ``"process"``
     The per-process figure (``usedGpuMemory``) summed over the trial's pids on
     every device, from the compute, graphics and MPS-compute process lists.
-    Each list is read with the newest query the driver has
-    (``..._v3``, then ``_v2``, then the plain name). ``usedGpuMemory`` of None
-    (NVML_VALUE_NOT_AVAILABLE: WDDM, missing permission) means *unknown*, not
-    zero, so a matched pid with an unknown figure makes the sum unknown.
+    Each list is read with the newest query the driver has: ``..._v3``, then
+    ``_v2``, then v1, the C symbol without a suffix. pynvml's own unsuffixed
+    Python function is *not* v1: since nvidia-ml-py 11.515 it calls ``_v3`` (and
+    raises `NVMLLibraryMismatchError`, not an NVMLError, when the driver lacks
+    it), so v1 is called here through pynvml's function-pointer lookup with the
+    v1 struct ``{pid, usedGpuMemory}`` (`_v1_processes`). The query that works is
+    remembered per list; one the driver lacks (NVML_ERROR_FUNCTION_NOT_FOUND) is
+    not asked again. ``usedGpuMemory`` of None (NVML_VALUE_NOT_AVAILABLE: WDDM,
+    missing permission) means *unknown*, not zero, so a matched pid with an
+    unknown figure makes the sum unknown.
 ``"device"``
     No usable per-process figure, but the GPU is held exclusively by the trial
     (``exclusive=True``, devices from ``CUDA_VISIBLE_DEVICES`` or ``devices``):
@@ -29,12 +35,57 @@ instances are not resolved; a MIG UUID entry falls back to all devices.
 from __future__ import annotations
 
 import contextlib
+import ctypes
+import functools
 import os
-from types import ModuleType
+from collections.abc import Callable
+from types import ModuleType, SimpleNamespace
 from typing import Any
 
 _PROCESS_LISTS = ("Compute", "Graphics", "MPSCompute")
-_VARIANTS = ("_v3", "_v2", "")
+_VERSIONS = ("_v3", "_v2", "_v1")
+_NVML_SUCCESS = 0
+_NVML_ERROR_INSUFFICIENT_SIZE = 7
+_NVML_ERROR_FUNCTION_NOT_FOUND = 13
+_NOT_AVAILABLE = 2**64 - 1  # NVML_VALUE_NOT_AVAILABLE as an unsigned long long
+
+
+class _ProcessInfoV1(ctypes.Structure):
+    """nvmlProcessInfo_v1_t, what the unsuffixed C queries fill in."""
+
+    _fields_ = [("pid", ctypes.c_uint), ("usedGpuMemory", ctypes.c_ulonglong)]
+
+
+def _v1_processes(nvml: Any, symbol: str, handle: Any) -> list[Any]:
+    """The v1 process query by its C symbol, with pynvml's two-call size protocol."""
+    fn = nvml._nvmlGetFunctionPointer(symbol)  # NVMLError(FUNCTION_NOT_FOUND) when absent
+    count = ctypes.c_uint(0)
+    ret = fn(handle, ctypes.byref(count), None)
+    if ret == _NVML_SUCCESS:
+        return []
+    if ret != _NVML_ERROR_INSUFFICIENT_SIZE:
+        raise nvml.NVMLError(ret)
+    count.value = count.value * 2 + 5  # room for processes that start meanwhile
+    procs = (_ProcessInfoV1 * count.value)()
+    ret = fn(handle, ctypes.byref(count), procs)
+    if ret != _NVML_SUCCESS:
+        raise nvml.NVMLError(ret)
+    return [
+        SimpleNamespace(
+            pid=int(p.pid),
+            usedGpuMemory=None if p.usedGpuMemory == _NOT_AVAILABLE else int(p.usedGpuMemory),
+        )
+        for p in procs[: count.value]
+    ]
+
+
+def _process_query(nvml: Any, kind: str, version: str) -> Callable[[Any], Any] | None:
+    """The process-list query ``kind`` at ``version``; None when this binding has none."""
+    name = f"nvmlDeviceGet{kind}RunningProcesses"
+    fn = getattr(nvml, name + version, None)
+    if fn is None and version == "_v1" and hasattr(nvml, "_nvmlGetFunctionPointer"):
+        return functools.partial(_v1_processes, nvml, name)
+    return fn
 
 
 def _text(v: Any) -> str:
@@ -55,8 +106,8 @@ class GpuProbe:
         self.handles = handles
         # Device indices the trial holds exclusively (device-level fallback); None: not exclusive.
         self.exclusive_indices = exclusive_indices
-        # Process-list query name that works, per list kind ("" when none does).
-        self._query: dict[str, str | None] = {}
+        # Process-list query version that works, per list kind ("" when none does).
+        self._versions: dict[str, str | None] = {}
         self._closed = False
 
     @classmethod
@@ -133,13 +184,13 @@ class GpuProbe:
     def _processes(self, kind: str, handle: Any) -> list[Any] | None:
         """One process list of one device; None when no query works."""
         nvml = self.nvml
-        known = self._query.get(kind)
+        known = self._versions.get(kind)
         if known == "":
             return None
-        names = [known] if known else [f"nvmlDeviceGet{kind}RunningProcesses{v}" for v in _VARIANTS]
+        versions = [known] if known else list(_VERSIONS)
         missing = 0
-        for name in names:
-            fn = getattr(nvml, name, None)
+        for version in versions:
+            fn = _process_query(nvml, kind, version)
             if fn is None:
                 missing += 1
                 continue
@@ -150,11 +201,33 @@ class GpuProbe:
                     missing += 1
                     continue
                 return None  # NotSupported, NoPermission...: try again next sample
-            self._query[kind] = name
+            self._versions[kind] = version
             return list(procs)
-        if missing == len(names):
-            self._query[kind] = ""  # this driver has none of them: stop asking
+        if missing == len(versions):
+            self._versions[kind] = ""  # this driver has none of them: stop asking
         return None
+
+    def query_versions(self) -> dict[str, str | None]:
+        """Per process list, the query version in use ("_v3", "_v2", "_v1"), "" if none works,
+        None when not tried yet."""
+        return {kind: self._versions.get(kind) for kind in _PROCESS_LISTS}
+
+    def listed_pids(self) -> set[int] | None:
+        """Every pid in any process list of any device; None when no list can be read.
+
+        An empty set means nothing holds the GPUs now: a caller may then treat them as
+        held exclusively by the trial it is about to start.
+        """
+        seen: set[int] = set()
+        readable = False
+        for handle in self.handles:
+            for kind in _PROCESS_LISTS:
+                procs = self._processes(kind, handle)
+                if procs is None:
+                    continue
+                readable = True
+                seen.update(int(p.pid) for p in procs if getattr(p, "pid", None) is not None)
+        return seen if readable else None
 
     def process_memory(self, pids: set[int]) -> tuple[int | None, bool]:
         """(sum, matched): the per-process memory of ``pids``; sum None when unknown."""
@@ -231,6 +304,10 @@ class GpuProbe:
         except (nvml.NVMLError, AttributeError):
             driver = None
         try:
+            nvml_version = _text(nvml.nvmlSystemGetNVMLVersion())
+        except (nvml.NVMLError, AttributeError):
+            nvml_version = None
+        try:
             cuda_int = int(nvml.nvmlSystemGetCudaDriverVersion())
             cuda = f"{cuda_int // 1000}.{(cuda_int % 1000) // 10}"
         except (nvml.NVMLError, AttributeError):
@@ -243,6 +320,7 @@ class GpuProbe:
             "name": ", ".join(names) if names else None,
             "memory_total": sum(totals) if all(t is not None for t in totals) else None,
             "driver_version": driver,
+            "nvml_version": nvml_version,
             "cuda_driver_version": cuda,
             "exclusive_devices": self.exclusive_indices,
             "devices": devices,
@@ -271,5 +349,5 @@ def _shutdown(nvml: Any) -> None:
 
 
 def _is_function_not_found(nvml: Any, e: Exception) -> bool:
-    code = getattr(nvml, "NVML_ERROR_FUNCTION_NOT_FOUND", 13)
+    code = getattr(nvml, "NVML_ERROR_FUNCTION_NOT_FOUND", _NVML_ERROR_FUNCTION_NOT_FOUND)
     return getattr(e, "value", None) == code

@@ -10,16 +10,32 @@ with pynvml's names and conventions:
 * a query the "driver" lacks raises ``NVMLError(NVML_ERROR_FUNCTION_NOT_FOUND)``,
   which is what pynvml does when the symbol is missing from libnvidia-ml
   (list such names in ``missing``);
+* the process queries exist as ``..._v3`` and ``..._v2`` (pynvml's names) and
+  ``..._v1`` (pynvml has no such name: it stands for the unsuffixed C symbol,
+  which `runners.nvml` calls through pynvml's function-pointer lookup); the
+  unsuffixed Python name behaves as pynvml's does: it calls ``_v3`` and raises
+  `FakeLibraryMismatchError` (not an NVMLError) when ``_v3`` is missing;
 * process entries have ``pid`` and ``usedGpuMemory`` (None = not available);
 * ``init_error`` makes ``nvmlInit`` fail (e.g. LIBRARY_NOT_FOUND: no driver).
 
 Every call is appended to ``calls`` so tests can see which variant was used.
+
+Published mode (`FakeNvml.published`): device 0 stands for the FAKE CUDA driver
+(tests/fake_cuda.c), which writes each process's "device" usage to
+``<usage_dir>/<pid>``. Its compute-process list is then read from that directory
+at every query (live pids only: a file older than its process's start, left by
+a dead process whose pid was reused, is ignored) and its used memory is their sum,
+so `GpuProbe` sees the per-process memory of a trial's pids as on a real GPU.
 """
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
+from pathlib import Path
 from types import SimpleNamespace
+
+import psutil
 
 
 class FakeNVMLError(Exception):
@@ -28,6 +44,10 @@ class FakeNVMLError(Exception):
     def __init__(self, value: int):
         super().__init__(f"fake NVML error {value}")
         self.value = value
+
+
+class FakeLibraryMismatchError(Exception):
+    """Like pynvml.NVMLLibraryMismatchError: an unversioned query whose _v3 is missing."""
 
 
 @dataclass
@@ -45,6 +65,42 @@ class FakeDevice:
     compute: list[FakeProcess] = field(default_factory=list)
     graphics: list[FakeProcess] = field(default_factory=list)
     mps: list[FakeProcess] = field(default_factory=list)
+    # Published mode: compute processes and used memory come from this directory.
+    published_dir: Path | None = None
+    # Published mode: list the processes with usedGpuMemory None (NVML_VALUE_NOT_AVAILABLE).
+    published_unknown: bool = False
+
+    def compute_processes(self) -> list[FakeProcess]:
+        if self.published_dir is None:
+            return list(self.compute)
+        published = read_published(self.published_dir)
+        if self.published_unknown:
+            published = [FakeProcess(p.pid, None) for p in published]
+        return list(self.compute) + published
+
+    def used_bytes(self) -> int:
+        if self.published_dir is None:
+            return self.used
+        return self.used + sum(p.usedGpuMemory or 0 for p in read_published(self.published_dir))
+
+
+def read_published(usage_dir: Path) -> list[FakeProcess]:
+    """The live processes that published FAKE CUDA usage in ``usage_dir``."""
+    out = []
+    for entry in os.scandir(usage_dir):
+        if not entry.name.isdigit():
+            continue
+        pid = int(entry.name)
+        try:
+            started = psutil.Process(pid).create_time()
+            stat = entry.stat()
+            used = int(Path(entry.path).read_text())
+        except (psutil.Error, OSError, ValueError):
+            continue  # gone, or written by nobody alive
+        if stat.st_mtime + 1.0 < started:
+            continue  # left by a dead process whose pid was reused
+        out.append(FakeProcess(pid, used))
+    return sorted(out, key=lambda p: p.pid)
 
 
 class FakeNvml:
@@ -74,9 +130,31 @@ class FakeNvml:
         self.calls: list[str] = []
         self.initialized = False
         for kind, attr in (("Compute", "compute"), ("Graphics", "graphics"), ("MPSCompute", "mps")):
-            for variant in ("_v3", "_v2", ""):
+            for variant in ("_v3", "_v2", "_v1"):
                 name = f"nvmlDeviceGet{kind}RunningProcesses{variant}"
                 setattr(self, name, self._process_query(name, attr))
+            plain = f"nvmlDeviceGet{kind}RunningProcesses"
+            setattr(self, plain, self._unversioned(plain))
+
+    @classmethod
+    def published(
+        cls,
+        usage_dir: Path,
+        *,
+        total: int,
+        unknown: bool = False,
+        name: str = "FAKE GPU (published usage)",
+        **kw: object,
+    ) -> FakeNvml:
+        """One device whose compute processes are what the FAKE CUDA driver publishes.
+
+        ``unknown``: list them with ``usedGpuMemory`` None, as NVML does where it cannot
+        tell (the device's used memory still counts them).
+        """
+        device = FakeDevice(
+            name=name, total=total, published_dir=Path(usage_dir), published_unknown=unknown
+        )
+        return cls([device], **kw)  # type: ignore[arg-type]
 
     # -- helpers
 
@@ -90,7 +168,24 @@ class FakeNvml:
     def _process_query(self, name: str, attr: str):
         def query(handle: int) -> list[FakeProcess]:
             self._call(name)
-            return list(getattr(self.devices[handle], attr))
+            device = self.devices[handle]
+            if attr == "compute":
+                return device.compute_processes()
+            return list(getattr(device, attr))
+
+        query.__name__ = name
+        return query
+
+    def _unversioned(self, name: str):
+        # pynvml >= 11.515: the unsuffixed function is a wrapper of _v3, not the v1 query.
+        def query(handle: int) -> list[FakeProcess]:
+            self.calls.append(name)
+            try:
+                return getattr(self, name + "_v3")(handle)
+            except FakeNVMLError as e:
+                if e.value != self.NVML_ERROR_FUNCTION_NOT_FOUND:
+                    raise
+                raise FakeLibraryMismatchError(f"{name}: use a versioned function") from e
 
         query.__name__ = name
         return query
@@ -126,11 +221,16 @@ class FakeNvml:
     def nvmlDeviceGetMemoryInfo(self, h: int) -> SimpleNamespace:  # noqa: N802
         self._call("nvmlDeviceGetMemoryInfo")
         d = self.devices[h]
-        return SimpleNamespace(total=d.total, used=d.used, free=d.total - d.used)
+        used = d.used_bytes()
+        return SimpleNamespace(total=d.total, used=used, free=d.total - used)
 
     def nvmlSystemGetDriverVersion(self) -> str:  # noqa: N802
         self._call("nvmlSystemGetDriverVersion")
         return self.driver_version
+
+    def nvmlSystemGetNVMLVersion(self) -> str:  # noqa: N802
+        self._call("nvmlSystemGetNVMLVersion")
+        return "12." + self.driver_version
 
     def nvmlSystemGetCudaDriverVersion(self) -> int:  # noqa: N802
         self._call("nvmlSystemGetCudaDriverVersion")

@@ -53,7 +53,7 @@ def test_v3_absent_falls_back_to_v2_and_remembers():
     assert "nvmlDeviceGetComputeRunningProcesses_v3" not in fake.calls
 
 
-def test_v3_and_v2_absent_fall_back_to_plain():
+def test_v3_and_v2_absent_fall_back_to_v1():
     missing = {
         f"nvmlDeviceGet{k}RunningProcesses{v}"
         for k in ("Compute", "Graphics", "MPSCompute")
@@ -62,7 +62,11 @@ def test_v3_and_v2_absent_fall_back_to_plain():
     fake = FakeNvml(two_gpus(), missing=missing)
     probe = GpuProbe.open(fake)
     assert probe.sample({101}) == (1 * GiB, "process")
-    assert "nvmlDeviceGetComputeRunningProcesses" in fake.calls
+    # v1 is the unsuffixed C query; pynvml's unsuffixed Python function is a _v3 wrapper
+    # (it raises a library-mismatch error here), so it must never be the fallback.
+    assert "nvmlDeviceGetComputeRunningProcesses_v1" in fake.calls
+    assert "nvmlDeviceGetComputeRunningProcesses" not in fake.calls
+    assert probe.query_versions() == {"Compute": "_v1", "Graphics": "_v1", "MPSCompute": "_v1"}
 
 
 def test_pid_in_compute_and_graphics_counted_once():
@@ -104,7 +108,7 @@ def test_process_queries_unsupported_everywhere():
     missing = {
         f"nvmlDeviceGet{k}RunningProcesses{v}"
         for k in ("Compute", "Graphics", "MPSCompute")
-        for v in ("_v3", "_v2", "")
+        for v in ("_v3", "_v2", "_v1")
     }
     probe = GpuProbe.open(FakeNvml(two_gpus(), missing=missing), exclusive=True, devices="0")
     assert probe.sample({100}) == (10 * GiB, "device")
@@ -163,3 +167,51 @@ def test_closed_probe_is_unavailable():
     probe = GpuProbe.open(FakeNvml(two_gpus()))
     probe.close()
     assert probe.sample({100}) == (None, "unavailable")
+
+
+def test_listed_pids():
+    probe = GpuProbe.open(FakeNvml(two_gpus()))
+    assert probe.listed_pids() == {100, 999, 101, 102}
+    missing = {
+        f"nvmlDeviceGet{k}RunningProcesses{v}"
+        for k in ("Compute", "Graphics", "MPSCompute")
+        for v in ("_v3", "_v2", "_v1")
+    }
+    assert GpuProbe.open(FakeNvml(two_gpus(), missing=missing)).listed_pids() is None
+    assert GpuProbe.open(FakeNvml([FakeDevice()])).listed_pids() == set()
+
+
+def test_unsuffixed_query_is_never_used():
+    """pynvml's unsuffixed query wraps _v3; on a driver without _v3 it raises a non-NVML error."""
+    missing = {
+        f"nvmlDeviceGet{k}RunningProcesses_v3" for k in ("Compute", "Graphics", "MPSCompute")
+    }
+    fake = FakeNvml(two_gpus(), missing=missing)
+    probe = GpuProbe.open(fake)
+    assert probe.sample({100}) == (3 * GiB, "process")
+    assert probe.query_versions()["Compute"] == "_v2"
+    assert not [c for c in fake.calls if c.endswith("RunningProcesses")]
+
+
+def test_published_mode_reads_live_pids_only(tmp_path):
+    """The FAKE NVML over FAKE CUDA usage files: dead or reused pids are not listed."""
+    import os
+    import subprocess
+    import sys
+    import time
+
+    (tmp_path / str(os.getpid())).write_text(f"{300 * MiB}\n")
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    (tmp_path / str(gone.pid)).write_text(f"{7 * MiB}\n")  # a process that exited
+    (tmp_path / str(os.getppid())).write_text(f"{5 * MiB}\n")
+    old = time.time() - 10 * 365 * 86400  # older than the parent: left by an earlier pid
+    os.utime(tmp_path / str(os.getppid()), (old, old))
+    (tmp_path / ".123.tmp").write_text("1\n")  # a write in progress
+    fake = FakeNvml.published(tmp_path, total=4 * GiB)
+    probe = GpuProbe.open(fake)
+    assert probe.listed_pids() == {os.getpid()}
+    assert probe.sample({os.getpid()}) == (300 * MiB, "process")
+    assert fake.nvmlDeviceGetMemoryInfo(0).used == 300 * MiB
+    unknown = GpuProbe.open(FakeNvml.published(tmp_path, total=4 * GiB, unknown=True))
+    assert unknown.sample({os.getpid()}) == (None, "unavailable")

@@ -178,45 +178,64 @@ def _record_hash(data: bytes) -> str:
     return "sha256=" + digest.decode("ascii")
 
 
-def write_wheel(dest: Path, spec: FixtureSpec, version: str) -> Path:
-    """Write one release's wheel into `dest` and return its path."""
+def pack_wheel(
+    path: Path,
+    name: str,
+    version: str,
+    files: Mapping[str, bytes],
+    *,
+    tag: str = PURE_TAG,
+    summary: str,
+    requires_python: str | None = None,
+) -> Path:
+    """Write a wheel of `files` (archive path -> content) with its METADATA, WHEEL and RECORD.
+
+    Reproducible: fixed zip timestamps and modes, so the same input gives the same bytes.
+    """
     norm = str(Version(version))
-    tag = FOREIGN_TAG if version == spec.foreign_only else PURE_TAG
-    dist_info = f"{NAME}-{norm}.dist-info"
-    metadata = [
-        "Metadata-Version: 2.1",
-        f"Name: {NAME}",
-        f"Version: {norm}",
-        "Summary: Synthetic releases for leakbisect tests; leaks from a known version on.",
-    ]
-    if spec.requires_python:
-        metadata.append(f"Requires-Python: {spec.requires_python}")
+    dist_info = f"{name}-{norm}.dist-info"
+    metadata = ["Metadata-Version: 2.1", f"Name: {name}", f"Version: {norm}", f"Summary: {summary}"]
+    if requires_python:
+        metadata.append(f"Requires-Python: {requires_python}")
     wheel = [
         "Wheel-Version: 1.0",
         "Generator: leakbisect-fixture",
         f"Root-Is-Purelib: {'true' if tag == PURE_TAG else 'false'}",
         f"Tag: {tag}",
     ]
-    files = {
-        f"{NAME}/__init__.py": module_source(spec, version).encode(),
+    content = {
+        **files,
         f"{dist_info}/METADATA": ("\n".join(metadata) + "\n").encode(),
         f"{dist_info}/WHEEL": ("\n".join(wheel) + "\n").encode(),
     }
-    record = [f"{name},{_record_hash(data)},{len(data)}" for name, data in files.items()]
+    record = [f"{n},{_record_hash(data)},{len(data)}" for n, data in content.items()]
     record.append(f"{dist_info}/RECORD,,")
-    files[f"{dist_info}/RECORD"] = ("\n".join(record) + "\n").encode()
+    content[f"{dist_info}/RECORD"] = ("\n".join(record) + "\n").encode()
 
-    path = dest / spec.wheel_filename(version)
     with zipfile.ZipFile(path, "w", compression=zipfile.ZIP_DEFLATED) as zf:
-        for name, data in files.items():
-            info = zipfile.ZipInfo(name, date_time=_ZIP_DATE)
+        for n, data in content.items():
+            info = zipfile.ZipInfo(n, date_time=_ZIP_DATE)
             info.external_attr = 0o644 << 16
             info.compress_type = zipfile.ZIP_DEFLATED
             zf.writestr(info, data)
     return path
 
 
-def _iso_z(dt: datetime) -> str:
+def write_wheel(dest: Path, spec: FixtureSpec, version: str) -> Path:
+    """Write one release's wheel into `dest` and return its path."""
+    return pack_wheel(
+        dest / spec.wheel_filename(version),
+        NAME,
+        version,
+        {f"{NAME}/__init__.py": module_source(spec, version).encode()},
+        tag=FOREIGN_TAG if version == spec.foreign_only else PURE_TAG,
+        summary="Synthetic releases for leakbisect tests; leaks from a known version on.",
+        requires_python=spec.requires_python,
+    )
+
+
+def iso_z(dt: datetime) -> str:
+    """An aware datetime as the index writes upload times: ISO 8601 UTC with `Z`."""
     return dt.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
@@ -239,7 +258,7 @@ def build_fixture(dest: Path, spec: FixtureSpec | None = None) -> Path:
         meta[path.name] = {
             "requires_python": spec.requires_python,
             "yanked": spec.yanked.get(version, False),
-            "upload_time": _iso_z(spec.upload_time(version)),
+            "upload_time": iso_z(spec.upload_time(version)),
         }
     (dest / INDEX_METADATA).write_text(json.dumps({"files": meta}, indent=2, sort_keys=True))
     return dest

@@ -1,0 +1,144 @@
+"""Each GPU repro variant judged right: the real executor, sampler and classifier.
+
+The script runs as a real capped, sampled child process; its "GPU" is the FAKE CUDA
+driver (tests/fake_cuda.c) and the GPU series comes from `GpuProbe` over the FAKE NVML in
+published mode (tests/fake_nvml.py), which reports the per-process device memory the FAKE
+driver publishes. Pinned host memory is real shared pages, so the host series is real.
+"""
+
+import os
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from runners.executor import Execution, run_script
+from runners.nvml import GpuProbe
+from service.analysis import RunAnalysis, classify_run
+from service.verdicts import Verdict
+from tests.fake_cuda import FakeCuda, build_fake_cuda
+from tests.fake_nvml import FakeNvml
+
+REPRO = Path(__file__).resolve().parents[1] / "service" / "example" / "gpu" / "repro.py"
+MiB = 2**20
+CONTEXT = 64 * MiB
+
+
+@pytest.fixture(scope="module")
+def fake(tmp_path_factory: pytest.TempPathFactory) -> FakeCuda:
+    return build_fake_cuda(tmp_path_factory.mktemp("fake-cuda"), total_mib=4096, context_mib=64)
+
+
+@dataclass
+class Run:
+    ex: Execution
+    r: RunAnalysis
+
+    def gpu_values(self) -> list[int]:
+        return [s.gpu for s in self.ex.samples if s.gpu is not None]
+
+    def shared_growth(self) -> int:
+        shared = [s.shared for s in self.ex.samples if s.shared is not None]
+        return max(shared) - shared[0]
+
+
+def run_variant(
+    fake: FakeCuda, tmp_path: Path, variant: str, *, exclusive: bool = False, unknown: bool = False
+) -> Run:
+    nvml = FakeNvml.published(fake.usage_dir, total=fake.total_mib * MiB, unknown=unknown)
+    probe = GpuProbe.open(nvml, exclusive=exclusive, devices="0")
+    assert probe is not None
+    env = {**os.environ, **fake.env(LEAKBISECT_GPU_VARIANT=variant)}
+    ex = run_script(
+        sys.executable,
+        REPRO,
+        cwd=tmp_path,
+        timeout_s=120,
+        memory_limit_bytes=2 * 2**30,
+        env=env,
+        gpu=probe,
+    )
+    gpu = [s.gpu for s in ex.samples] if ex.gpu_source != "unavailable" else None
+    r = classify_run(
+        [s.t for s in ex.samples],
+        [s.rss for s in ex.samples],
+        gpu,
+        ex.steps,
+        exit_code=ex.exit_code,
+        oom_killed=ex.oom_killed,
+        timed_out=ex.timed_out,
+    )
+    return Run(ex, r)
+
+
+def test_device_leak_is_a_leak_of_the_gpu_series(fake: FakeCuda, tmp_path: Path) -> None:
+    run = run_variant(fake, tmp_path, "device-leak")
+    assert run.ex.exit_code == 0 and run.ex.gpu_source == "process"
+    assert run.r.verdict is Verdict.LEAK
+    assert run.r.gpu is not None and run.r.gpu.verdict is Verdict.LEAK
+    assert run.r.host.verdict is Verdict.CLEAN
+    assert run.r.reason.startswith("gpu leak: floor rises 1")
+    # 40 steps of 16 MiB on top of the context, all seen per process.
+    assert max(run.gpu_values()) == CONTEXT + 40 * 16 * MiB
+    assert 500 < run.r.gpu.growth_mib < 700
+
+
+def test_device_plateau_is_never_a_leak(fake: FakeCuda, tmp_path: Path) -> None:
+    run = run_variant(fake, tmp_path, "device-plateau")
+    assert run.ex.exit_code == 0
+    assert run.r.verdict in (Verdict.CLEAN, Verdict.PLATEAU)
+    assert run.r.gpu is not None and run.r.gpu.verdict in (Verdict.CLEAN, Verdict.PLATEAU)
+    # The pool stops at 8 blocks of 16 MiB.
+    assert max(run.gpu_values()) == CONTEXT + 8 * 16 * MiB
+
+
+def test_pinned_leak_is_a_host_leak_in_shared_memory(fake: FakeCuda, tmp_path: Path) -> None:
+    run = run_variant(fake, tmp_path, "pinned-leak")
+    assert run.ex.exit_code == 0
+    assert run.r.verdict is Verdict.LEAK
+    assert run.r.host.verdict is Verdict.LEAK
+    assert run.r.reason.startswith("host leak: floor rises 8")
+    # Device memory flat at the context's, while shared host memory grew by the pinned pages.
+    assert run.r.gpu is not None and run.r.gpu.verdict is Verdict.CLEAN
+    assert set(run.gpu_values()) == {CONTEXT}
+    assert run.shared_growth() >= 39 * 8 * MiB
+    last = run.ex.samples[-3]
+    assert last.shared is not None and last.anon is not None and last.shared > last.anon
+
+
+def test_pinned_reuse_with_spikes_is_not_a_leak(fake: FakeCuda, tmp_path: Path) -> None:
+    run = run_variant(fake, tmp_path, "pinned-reuse")
+    assert run.ex.exit_code == 0
+    assert run.r.verdict in (Verdict.CLEAN, Verdict.PLATEAU)
+    assert run.r.host.verdict in (Verdict.CLEAN, Verdict.PLATEAU)
+    # The 64 MiB checkpoint spikes were really there, in shared memory.
+    assert run.shared_growth() >= 64 * MiB + 16 * MiB
+
+
+def test_oom_ending_is_a_leak(fake: FakeCuda, tmp_path: Path) -> None:
+    run = run_variant(fake, tmp_path, "oom")
+    assert run.ex.exit_code == 1
+    assert "CUDA_ERROR_OUT_OF_MEMORY (2) at step 49" in run.ex.log_tail
+    assert run.r.verdict is Verdict.LEAK
+    assert run.r.reason.startswith("crashed (exit 1) while leaking, likely out of memory; gpu: ")
+    assert max(run.gpu_values()) == 4096 * MiB
+
+
+def test_device_level_series_when_held_alone(fake: FakeCuda, tmp_path: Path) -> None:
+    """NVML lists the pid without a figure: the exclusively held device's memory stands in."""
+    run = run_variant(fake, tmp_path, "device-leak", exclusive=True, unknown=True)
+    assert run.ex.gpu_source == "device"
+    assert run.r.verdict is Verdict.LEAK and run.r.gpu is not None
+    assert run.r.gpu.verdict is Verdict.LEAK
+
+
+def test_unknown_per_process_memory_without_exclusivity_is_unavailable(
+    fake: FakeCuda, tmp_path: Path
+) -> None:
+    """None means unknown, never zero: no GPU series at all, so the leak cannot be seen."""
+    run = run_variant(fake, tmp_path, "device-leak", unknown=True)
+    assert run.ex.gpu_source == "unavailable"
+    assert run.gpu_values() == []
+    assert run.r.gpu is None
+    assert run.r.verdict is Verdict.CLEAN
