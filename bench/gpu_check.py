@@ -70,9 +70,9 @@ from service.example.index import serve_index  # noqa: E402
 from service.jobs import create_job  # noqa: E402
 from service.local import Quiet, run_job  # noqa: E402
 from service.report import build_report  # noqa: E402
-from service.scheduler import candidates_of, trials_of  # noqa: E402
 from service.schemas import JobCreate  # noqa: E402
 from service.settings import get_settings  # noqa: E402
+from service.store import candidates_of, trials_of  # noqa: E402
 from service.verdicts import Verdict  # noqa: E402
 
 REPRO = REPO / "service" / "example" / "gpu" / "repro.py"
@@ -273,14 +273,12 @@ def bisect_fixture(backend: Backend, work: Path, uv_cache: Path) -> tuple[Check,
             package=NAME, range=RANGE, script=REPRO.read_text(), script_name="repro.py",
             index_url=index, reuse_verdicts=False,
         )  # fmt: skip
-        job = create_job(
-            session, request, machine=describe_machine(backend.probe), cache_dir=uv_cache
-        )
+        job = create_job(session, request, machine=describe_machine(backend.probe), local=True)
         progress = Quiet()
         executor = LocalExecutor(work / "envs", uv_cache, backend.probe)
         run_job(session, job, executor=executor, progress=progress)
-        report = build_report(job, candidates_of(session, job), trials_of(session, job))
-        trials = [(t.verdict, t.gpu_source) for t in trials_of(session, job)]
+        report = build_report(job, candidates_of(session, job), trials_of(session, job)).wire()
+        trials = [(t.verdict, t.gpu_source) for t in trials_of(session, job) if t.kind == "run"]
     wall = time.monotonic() - t0
     boundary = (report.get("last_good"), report.get("first_bad"))
     ok = (

@@ -94,7 +94,7 @@ def test_trials_visited_and_judged_on_both_series(bisection) -> None:
     con = sqlite3.connect(db)
     rows = con.execute(
         "select c.version, t.verdict, t.exit_code, t.gpu_source, t.analysis from trial t "
-        "join candidate c on c.id = t.candidate_id order by t.id"
+        "join candidate c on c.id = t.candidate_id where t.kind = 'run' order by t.id"
     ).fetchall()
     visited = [(version, verdict, code, source) for version, verdict, code, source, _ in rows]
     # Bounds, binary search, then the boundary pair again; every GPU figure per process.

@@ -28,6 +28,7 @@ def client(tmp_path: Path, uv_cache: Path, monkeypatch: pytest.MonkeyPatch) -> I
         data_dir=tmp_path / "data",
         cache_dir=tmp_path / "cache",
         reap_interval_s=0,
+        trusted_hosts=["testserver"],  # the TestClient's Host
     )
     with TestClient(create_app(settings)) as c:
         yield c
