@@ -49,7 +49,6 @@ import signal
 import statistics
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 import uuid
@@ -65,7 +64,7 @@ import psutil  # noqa: E402
 from sqlalchemy import create_engine, func, insert, text  # noqa: E402
 from sqlmodel import Session, col, select  # noqa: E402
 
-from bench.common import machine  # noqa: E402
+from bench.common import machine, reachable_tmpdir  # noqa: E402
 from runners.client import ApiClient, ApiError, ApiUnreachable  # noqa: E402
 from runners.wire import API_PREFIX, EnvResult, Sample, TrialReport  # noqa: E402
 from service import queue  # noqa: E402
@@ -744,7 +743,7 @@ def main() -> int:
     url = ADMIN_URL.rsplit("/", 1)[0] + f"/{name}"
     started = time.monotonic()
     try:
-        with tempfile.TemporaryDirectory(prefix="leakbisect-api-") as tmp:
+        with reachable_tmpdir(prefix="leakbisect-api-") as tmp:
             upgrade(url)
             seeded = seed(url, args)
             print(f"seeded in {time.monotonic() - started:.1f} s", file=sys.stderr)

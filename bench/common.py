@@ -7,6 +7,7 @@ import platform
 import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -102,6 +103,19 @@ def uv_version() -> str:
         return out.stdout.strip() or "unknown"
     except (OSError, subprocess.SubprocessError):
         return "unknown"
+
+
+@contextmanager
+def reachable_tmpdir(prefix: str) -> Iterator[str]:
+    """A temporary directory (removed after) that every user can enter (0755).
+
+    When the benchmarks run as root, environments are built as the build user and
+    scripts run as the trial user (runners.users); `tempfile`'s 0700 directories would
+    shut both out of the environment roots and uv caches made inside them.
+    """
+    with tempfile.TemporaryDirectory(prefix=prefix) as tmp:
+        os.chmod(tmp, 0o755)
+        yield tmp
 
 
 @contextmanager

@@ -24,11 +24,10 @@ import json
 import re
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
 from typing import Any
 
-from bench.common import Config, clean_env, secs, stopwatch, table
+from bench.common import Config, clean_env, reachable_tmpdir, secs, stopwatch, table
 from service.example.fixture import FixtureSpec, build_fixture
 from service.example.index import serve_index
 
@@ -133,7 +132,7 @@ def naive_loop(repro: Path, url: str, work: Path, versions: list[str]) -> dict[s
 def run(cfg: Config) -> dict[str, Any]:
     versions = list(FixtureSpec().versions)
     out: dict[str, Any] = {"title": "5. End to end", "runs": []}
-    with tempfile.TemporaryDirectory(prefix="bench-e2e-") as tmp:
+    with reachable_tmpdir(prefix="bench-e2e-") as tmp:
         work = Path(tmp)
         wheels = build_fixture(work / "wheels")
         repros = [("bundled repro (40 steps)", REPRO)]

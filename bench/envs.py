@@ -23,11 +23,10 @@ import shutil
 import statistics
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
 from typing import Any
 
-from bench.common import Config, clean_env, ratio, secs, stopwatch, table
+from bench.common import Config, clean_env, ratio, reachable_tmpdir, secs, stopwatch, table
 from runners.envs import build_env
 from runners.wire import EnvSpec
 from service.example.fixture import build_fixture
@@ -100,7 +99,7 @@ def run(cfg: Config) -> dict[str, Any]:
     versions = cfg.pick(FIXTURE_VERSIONS, FIXTURE_VERSIONS[:1])
     out: dict[str, Any] = {"title": "3. Environment build time", "sets": {}}
     rows: list[list[str]] = []
-    with tempfile.TemporaryDirectory(prefix="bench-envs-") as tmp:
+    with reachable_tmpdir(prefix="bench-envs-") as tmp:
         work = Path(tmp)
         wheels = build_fixture(work / "wheels")
         with serve_index(wheels) as url:

@@ -26,7 +26,6 @@ import signal
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from datetime import datetime
 from pathlib import Path
@@ -35,6 +34,7 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from bench.common import reachable_tmpdir  # noqa: E402
 from runners.client import ApiClient  # noqa: E402
 from service.example.fixture import build_fixture  # noqa: E402
 from service.example.index import serve_index  # noqa: E402
@@ -68,7 +68,7 @@ def _say(t0: float, what: str) -> None:
 
 def one_run(runners: int, index: str, uv_cache: Path) -> dict[str, Any]:
     start = time.monotonic()
-    with tempfile.TemporaryDirectory(prefix="leakbisect-bench-") as tmp:
+    with reachable_tmpdir(prefix="leakbisect-bench-") as tmp:
         home = Path(tmp)
         env = _env(home, uv_cache)
         procs: list[subprocess.Popen] = []
@@ -205,7 +205,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     counts = [int(n) for n in args.runners.split(",") if n.strip()]
     rows = []
-    with tempfile.TemporaryDirectory(prefix="leakbisect-bench-uv-") as cache:
+    with reachable_tmpdir(prefix="leakbisect-bench-uv-") as cache:
         wheels = build_fixture(Path(cache) / "wheels")
         with serve_index(wheels) as index:
             uv_cache = Path(cache) / "uv"

@@ -28,14 +28,10 @@ Every event is one log line through ``log`` (default: stderr, with a time).
 
 from __future__ import annotations
 
-import contextlib
-import json
 import os
 import platform
-import shutil
 import signal
 import socket
-import subprocess
 import sys
 import threading
 import time
@@ -48,6 +44,7 @@ import psutil
 from runners.client import ApiClient, ApiError, ApiUnreachable, StaleLeaseError
 from runners.nvml import GpuProbe
 from runners.trial import Executor, Kill
+from runners.uvrun import installed_pythons
 from runners.wire import (
     EnvResult,
     Heartbeat,
@@ -93,41 +90,6 @@ def parse_labels(text: str | None) -> dict[str, str]:
 
 # ---------------------------------------------------------------------------
 # capabilities
-
-
-def _uv_bin() -> str | None:
-    try:
-        from uv import find_uv_bin
-
-        return find_uv_bin()
-    except (ImportError, FileNotFoundError):
-        return shutil.which("uv")
-
-
-def installed_pythons() -> list[str]:
-    """Versions of the Pythons uv can build environments with (never downloads one)."""
-    versions: set[str] = set()
-    uv = _uv_bin()
-    if uv is not None:
-        with contextlib.suppress(OSError, subprocess.SubprocessError, ValueError):
-            proc = subprocess.run(
-                [uv, "python", "list", "--only-installed", "--output-format", "json"],
-                capture_output=True,
-                text=True,
-                timeout=30,
-                env={**os.environ, "UV_PYTHON_DOWNLOADS": "never", "NO_COLOR": "1"},
-            )
-            if proc.returncode == 0:
-                for entry in json.loads(proc.stdout):
-                    if entry.get("implementation", "cpython") == "cpython" and entry.get("version"):
-                        versions.add(str(entry["version"]))
-    if not versions:
-        versions.add(platform.python_version())
-
-    def key(v: str) -> tuple[int, ...]:
-        return tuple(int(p) if p.isdigit() else 0 for p in v.split(".")[:3])
-
-    return sorted(versions, key=key, reverse=True)
 
 
 def describe_capabilities(gpu: GpuProbe | None) -> RunnerCapabilities:

@@ -24,19 +24,35 @@ import hashlib
 import json
 import os
 import re
-import shlex
 import shutil
 import subprocess
-import sys
-import tempfile
 import time
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import Any
 
 from packaging.requirements import InvalidRequirement, Requirement
 from packaging.utils import canonicalize_name
 
+from runners.errors import Unavailable
+from runners.sandbox import give, private_dir, shared_dir, uv_cache_dir
+from runners.users import Identities, blocked_by, identities
+from runners.uvrun import (
+    ERROR_LINES,
+    NO_SOLUTION,
+    QUICK_TIMEOUT_S,
+    EnvError,
+    blocked_for_all,
+    find_python,
+    meaningful,
+    one_line_reason,
+    run_uv,
+    running_python,
+    uv_bin,
+    uv_env,
+)
 from runners.wire import EnvResult, EnvSpec
 
 try:  # POSIX; on other systems concurrent builds of one spec are not serialized.
@@ -45,44 +61,25 @@ except ImportError:  # pragma: no cover
     fcntl = None  # type: ignore[assignment]
 
 __all__ = [
+    "ERROR_LINES",
     "EnvError",
     "build_env",
     "default_cache_dir",
     "exclude_newer_arg",
     "find_python",
     "freeze_diff",
+    "index_args",
+    "prepare_dirs",
     "resolve_pins",
     "spec_hash",
 ]
 
 MARKER = ".leakbisect-env.json"
 CONSTRAINTS_FILE = "leakbisect-constraints.txt"
-ERROR_LINES = 20
 # A cold install of a large stack (torch and friends) can take many minutes.
 INSTALL_TIMEOUT_S = 3600.0
-QUICK_TIMEOUT_S = 300.0
 
 Log = Callable[[str], None]
-
-# uv settings from the caller's environment that only say how to reach an index
-# (TLS, credentials, timeouts); every other UV_* variable is dropped so that the
-# spec alone decides what an environment contains.
-_UV_PASSTHROUGH = re.compile(
-    r"UV_(NATIVE_TLS|SYSTEM_CERTS|INSECURE_HOST|HTTP_TIMEOUT|HTTP_RETRIES|REQUEST_TIMEOUT"
-    r"|KEYRING_PROVIDER|OFFLINE|CONCURRENT_\w+|INDEX_\w+_(USERNAME|PASSWORD))"
-)
-# uv's progress chatter, never part of an error.
-_CHATTER = re.compile(
-    r"^(Using (C?Python|Python) |Resolved \d|Prepared \d|Installed \d|Uninstalled \d|Audited \d"
-    r"|Downloading |Downloaded |Building |Built |Creating virtual environment|Activate with"
-    r"| [-+~] )"
-)
-_NO_SOLUTION = "No solution found when resolving"
-
-
-class EnvError(Exception):
-    """A spec that cannot be built as asked; the message is one line."""
-
 
 # ---------------------------------------------------------------------------
 # pure helpers
@@ -102,7 +99,7 @@ def spec_hash(spec: EnvSpec) -> str:
     if spec.exclude_newer is not None:
         data["exclude_newer"] = _iso(spec.exclude_newer)
     if spec.python is None:
-        data["python"] = _running_python()
+        data["python"] = running_python()
     blob = json.dumps(data, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
@@ -163,10 +160,6 @@ def exclude_newer_arg(when: datetime) -> str:
     return cutoff.isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
-def _running_python() -> str:
-    return f"{sys.version_info.major}.{sys.version_info.minor}"
-
-
 def _parse_requirement(text: str, what: str = "requirement") -> Requirement:
     try:
         return Requirement(text)
@@ -193,144 +186,55 @@ def _validate(spec: EnvSpec) -> tuple[str, list[str]]:
     return pin, constraints
 
 
-def _meaningful(text: str, limit: int = ERROR_LINES) -> str:
-    """uv's stderr without progress chatter or blank lines: the last `limit` lines."""
-    lines = [ln.rstrip() for ln in text.splitlines()]
-    lines = [ln for ln in lines if ln.strip() and not _CHATTER.match(ln)]
-    return "\n".join(lines[-limit:])
-
-
-def _one_line_reason(stderr: str) -> str:
-    """uv's reason for a failed resolution, joined onto one line."""
-    lines = stderr.splitlines()
-    start = next((i for i, ln in enumerate(lines) if _NO_SOLUTION in ln), None)
-    if start is None:
-        return _first_error(stderr)
-    parts = []
-    for ln in lines[start + 1 :]:
-        text = ln.strip().lstrip("╰─▶│├ ").strip()
-        if not text or text.startswith("hint:"):
-            break
-        text = re.sub(r"^(cause:|Caused by:)\s*", "", text)
-        parts.append(text)
-    if not parts:
-        return re.sub(r"^(error:|×)\s*", "", lines[start].strip())
-    return " ".join(" ".join(parts).split())
-
-
-def _first_error(stderr: str) -> str:
-    for ln in stderr.splitlines():
-        text = ln.strip()
-        if text.startswith("error:"):
-            return " ".join(text[len("error:") :].split())
-    meaningful = _meaningful(stderr).splitlines()
-    return " ".join(meaningful[-1].split()) if meaningful else "uv gave no reason"
-
-
 # ---------------------------------------------------------------------------
-# running uv
-
-
-def _uv() -> str:
-    try:
-        from uv import find_uv_bin
-
-        return find_uv_bin()
-    except (ImportError, FileNotFoundError):
-        found = shutil.which("uv")
-        if found is None:
-            raise EnvError("uv is not installed: neither the uv package nor uv on PATH") from None
-        return found
+# directories and index options
 
 
 def default_cache_dir() -> Path:
-    """The per-user uv cache the builds share: ``$UV_CACHE_DIR`` when set, else
-    ``$XDG_CACHE_HOME/leakbisect/uv`` (``~/.cache/leakbisect/uv``)."""
-    if os.environ.get("UV_CACHE_DIR"):
-        return Path(os.environ["UV_CACHE_DIR"])
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base) / "leakbisect" / "uv"
+    """The uv cache the builds share (`runners.sandbox.uv_cache_dir`): ``$UV_CACHE_DIR``
+    when set, else ``<cache home>/uv`` (``$XDG_CACHE_HOME/leakbisect/uv``, for root
+    ``/var/cache/leakbisect/uv``, else ``~/.cache/leakbisect/uv``)."""
+    return uv_cache_dir()
 
 
-def _same_filesystem(a: Path, b: Path) -> bool:
-    try:
-        return a.stat().st_dev == b.stat().st_dev
-    except OSError:
-        return False
+def prepare_dirs(root: Path, cache_dir: Path | None = None) -> tuple[Path, Path]:
+    """Make the environment root and the uv cache usable: owned by the build user, 0755.
 
-
-def _uv_env(cache_dir: Path | None = None, link_from: Path | None = None) -> dict[str, str]:
-    env = {
-        k: v
-        for k, v in os.environ.items()
-        if not (k.startswith("UV_") and not _UV_PASSTHROUGH.fullmatch(k))
-        and k not in ("VIRTUAL_ENV", "PYTHONHOME")
-    }
-    env.update(
-        UV_PYTHON_DOWNLOADS="never",
-        UV_NO_CONFIG="1",
-        UV_NO_PROGRESS="1",
-        NO_COLOR="1",
-    )
-    if cache_dir is not None:
-        env["UV_CACHE_DIR"] = str(cache_dir)
-        if link_from is not None:
-            # Hard links only work within one filesystem; elsewhere copy outright
-            # rather than have uv try, warn and fall back for every file.
-            same = _same_filesystem(cache_dir, link_from)
-            env["UV_LINK_MODE"] = "hardlink" if same else "copy"
-    return env
-
-
-def _run(
-    cmd: list[str],
-    env: dict[str, str],
-    log: Log | None,
-    *,
-    timeout: float = QUICK_TIMEOUT_S,
-    cwd: Path | None = None,
-) -> subprocess.CompletedProcess[str]:
-    if log:
-        log("$ " + shlex.join(cmd))
-    try:
-        proc = subprocess.run(
-            cmd,
-            env=env,
-            cwd=cwd,
-            capture_output=True,
-            text=True,
-            errors="replace",
-            timeout=timeout,
-            stdin=subprocess.DEVNULL,
-        )
-    except subprocess.TimeoutExpired:
-        # Same shape as a failure, so callers handle one case.
-        return subprocess.CompletedProcess(
-            cmd, 124, "", f"error: {cmd[1]} {cmd[2]} timed out after {timeout:.0f} s"
-        )
-    if log and proc.returncode != 0:
-        log(f"exit {proc.returncode}: {_meaningful(proc.stderr, 5)}")
-    return proc
-
-
-def find_python(version: str | None) -> str:
-    """Path of an installed Python for `version` (the running one's when None).
-
-    Asks ``uv python find`` and never downloads one. Raises `EnvError`
-    ("python 3.99 is not available: <uv's reason>") when none is installed.
+    Also checks that the build user can run uv. Raises `runners.errors.Unavailable` with
+    one line naming the path that blocks and the fix (a runner calls this at start).
     """
-    request = version or _running_python()
-    with tempfile.TemporaryDirectory(prefix="leakbisect-find-") as cwd:
-        proc = _run(
-            [_uv(), "python", "find", "--no-project", "--no-python-downloads", request],
-            _uv_env(),
-            None,
-            cwd=Path(cwd),  # away from any project's .venv or .python-version
+    ids = identities()
+    readers = [ids.trial] if ids.trial is not None else []
+    root = shared_dir(Path(root), ids.build, readers, "environment root")
+    cache = Path(cache_dir) if cache_dir is not None else default_cache_dir()
+    cache = shared_dir(cache, ids.build, readers, "uv cache")
+    uv = uv_bin()
+    reason = blocked_by(Path(uv), ids.build, "x")
+    if reason is not None:
+        raise Unavailable(
+            f"uv {uv} cannot be run by {ids.build}: {reason}; install uv where every user "
+            "can reach it (e.g. pip install uv into a venv outside /root)"
         )
-    path = proc.stdout.strip().splitlines()[-1].strip() if proc.stdout.strip() else ""
-    if proc.returncode != 0 or not path:
-        raise EnvError(f"python {request} is not available: {_first_error(proc.stderr)}")
-    return path
+    return root, cache
+
+
+def _is_url(link: str) -> bool:
+    return "://" in link and not link.startswith("file://")
+
+
+def _check_find_links(spec: EnvSpec, ids: Identities) -> None:
+    """A local ``find_links`` directory must be readable by the build user."""
+    for link in spec.find_links:
+        if _is_url(link):
+            continue
+        path = Path(link.removeprefix("file://"))
+        reason = blocked_by(path, ids.build, "rx")
+        if reason is not None:
+            raise EnvError(
+                f"find_links {link} is not readable by {ids.build}: {reason}; "
+                "put the wheels in a directory every user can read",
+                field="find_links",
+            )
 
 
 def index_args(spec: EnvSpec) -> list[str]:
@@ -353,26 +257,29 @@ def resolve_pins(spec: EnvSpec, *, cache_dir: Path | None = None) -> list[str]:
     """``name==version`` for every package ``PKG==VER`` + requirements resolve to.
 
     ``uv pip compile`` for the spec's Python version (``--python-version``),
-    with the spec's index options; the spec's own constraints are not applied
+    with the spec's index options, as any build: the build user, the allowlisted
+    environment, a private directory. The spec's own constraints are not applied
     (these pins are what later specs get as constraints). `cache_dir` as for
     `build_env`. Raises `EnvError` with uv's one-line reason when it cannot
     resolve.
     """
     pin, _ = _validate(spec)
-    python = spec.python or _running_python()
-    with tempfile.TemporaryDirectory(prefix="leakbisect-pins-") as tmp:
-        reqs = Path(tmp) / "requirements.in"
-        reqs.write_text("\n".join([pin, *spec.requirements]) + "\n")
+    python = spec.python or running_python()
+    ids = identities()
+    cache = Path(cache_dir) if cache_dir is not None else default_cache_dir()
+    shared_dir(cache, ids.build, [], "uv cache")
+    _check_find_links(spec, ids)
+    with private_dir(ids.build, "leakbisect-pins-") as tmp:
+        reqs = give(tmp / "requirements.in", ids.build, 0o644, "\n".join([pin, *spec.requirements]))
         cmd = [
-            _uv(), "pip", "compile", str(reqs),
+            uv_bin(), "pip", "compile", str(reqs),
             "--python-version", python,
             "--no-header", "--no-annotate", "--no-strip-markers",
             *index_args(spec),
         ]  # fmt: skip
-        cache = Path(cache_dir) if cache_dir is not None else default_cache_dir()
-        proc = _run(cmd, _uv_env(cache), None, cwd=Path(tmp))
+        proc = run_uv(cmd, uv_env(cache, home=tmp), None, cwd=tmp, ids=ids)
     if proc.returncode != 0:
-        raise EnvError(f"cannot resolve {pin}: {_one_line_reason(proc.stderr)}")
+        raise EnvError(f"cannot resolve {pin}: {one_line_reason(proc.stderr)}")
     pins = []
     for line in proc.stdout.splitlines():
         text = line.split(" #", 1)[0].strip()
@@ -404,13 +311,6 @@ def _locked(path: Path) -> Iterator[None]:
                 fcntl.flock(fh.fileno(), fcntl.LOCK_UN)
 
 
-def _freeze(python: Path, env: dict[str, str], log: Log | None) -> list[str] | None:
-    proc = _run([_uv(), "pip", "freeze", "--python", str(python)], env, log)
-    if proc.returncode != 0:
-        return None
-    return [ln.strip() for ln in proc.stdout.splitlines() if ln.strip()]
-
-
 def _remove(path: Path) -> None:
     if path.is_symlink() or path.is_file():
         path.unlink()
@@ -418,22 +318,149 @@ def _remove(path: Path) -> None:
         shutil.rmtree(path)
 
 
-def _reuse(venv: Path, env: dict[str, str], log: Log | None) -> dict | None:
-    """The marker's record when the environment is complete and unchanged."""
-    marker = venv / MARKER
-    try:
-        record = json.loads(marker.read_text())
-    except (OSError, ValueError):
-        return None
-    python = _venv_python(venv)
-    if not python.exists():
-        return None
-    freeze = _freeze(python, env, log)
-    if freeze is None or freeze != record.get("freeze"):
-        if log:
-            log(f"{venv.name}: installed packages differ from the recorded build; rebuilding")
-        return None
-    return record
+@dataclass
+class _Build:
+    """One build of one spec's environment: the venv, uv's environment, the users."""
+
+    spec: EnvSpec
+    root: Path
+    cache: Path
+    env: dict[str, str]
+    ids: Identities
+    log: Log | None
+    started: float = field(default_factory=time.monotonic)
+
+    @property
+    def venv(self) -> Path:
+        return self.root / spec_hash(self.spec)
+
+    @property
+    def python(self) -> Path:
+        return _venv_python(self.venv)
+
+    def result(self, **kw: Any) -> EnvResult:
+        return EnvResult(seconds=round(time.monotonic() - self.started, 3), **kw)
+
+    def uv(self, *args: str, timeout: float = QUICK_TIMEOUT_S) -> subprocess.CompletedProcess[str]:
+        return run_uv([uv_bin(), *args], self.env, self.log, timeout=timeout, cwd=self.root,
+                      ids=self.ids)  # fmt: skip
+
+    def freeze(self) -> list[str] | None:
+        proc = self.uv("pip", "freeze", "--python", str(self.python))
+        if proc.returncode != 0:
+            return None
+        return [ln.strip() for ln in proc.stdout.splitlines() if ln.strip()]
+
+    def say(self, line: str) -> None:
+        if self.log:
+            self.log(line)
+
+    # -- reuse
+
+    def reused(self) -> EnvResult | None:
+        """The recorded build when the environment is complete, unchanged and runnable."""
+        record = self._record() if (self.venv / MARKER).exists() else None
+        if record is None:
+            return None
+        self.say(f"reusing {self.venv}")
+        return self.result(
+            ok=True,
+            path=str(self.venv),
+            python_executable=str(self.python),
+            freeze=record["freeze"],
+            resolution=record.get("resolution", "free"),
+            resolution_note=record.get("resolution_note"),
+            reused=True,
+        )
+
+    def _record(self) -> dict | None:
+        try:
+            record = json.loads((self.venv / MARKER).read_text())
+        except (OSError, ValueError):
+            return None
+        if not self.python.exists():
+            return None
+        blocked = blocked_for_all(os.path.realpath(self.python), self.ids)
+        if blocked is not None:
+            self.say(f"{self.venv.name}: its interpreter cannot be run by {blocked}; rebuilding")
+            return None
+        freeze = self.freeze()
+        if freeze is None or freeze != record.get("freeze"):
+            self.say(
+                f"{self.venv.name}: installed packages differ from the recorded build; rebuilding"
+            )
+            return None
+        return record
+
+    # -- building
+
+    def build(self, pin: str, constraints: list[str]) -> EnvResult:
+        venv = self.venv
+        if venv.exists() or venv.is_symlink():
+            self.say(f"removing incomplete environment {venv}")
+            _remove(venv)
+        base = find_python(self.spec.python, cache_dir=self.cache)
+        proc = self.uv("venv", "--no-project", "--python", base, str(venv))
+        if proc.returncode != 0:
+            _remove(venv)
+            return self.result(ok=False, error=meaningful(proc.stderr) or "uv venv failed")
+        proc, resolution, note = self.install(pin, constraints)
+        if proc.returncode != 0:
+            _remove(venv)
+            message = meaningful(proc.stderr) or f"uv pip install exited with {proc.returncode}"
+            return self.result(ok=False, error=message, resolution=resolution, resolution_note=note)
+        freeze = self.freeze()
+        if freeze is None:
+            _remove(venv)
+            return self.result(ok=False, error="uv pip freeze failed on the new environment")
+        self.write_record(base, freeze, resolution, note)
+        return self.result(
+            ok=True,
+            path=str(venv),
+            python_executable=str(self.python),
+            freeze=freeze,
+            resolution=resolution,
+            resolution_note=note,
+        )
+
+    def install(
+        self, pin: str, constraints: list[str]
+    ) -> tuple[subprocess.CompletedProcess[str], str, str | None]:
+        """``uv pip install``, held at the constraints when there are any (falling back to
+        free resolution, with a note, when they do not resolve)."""
+        spec = self.spec
+        args = ["pip", "install", "--python", str(self.python), pin, *spec.requirements,
+                *index_args(spec)]  # fmt: skip
+        released = spec.exclude_newer is not None
+        resolution = "as-released" if released else "free"
+        if not spec.constraints:
+            return self.uv(*args, timeout=INSTALL_TIMEOUT_S), resolution, None
+        cfile = self.venv / CONSTRAINTS_FILE
+        cfile.write_text("".join(f"{c}\n" for c in constraints))
+        proc = self.uv(*args, "-c", str(cfile), timeout=INSTALL_TIMEOUT_S)
+        if proc.returncode == 0:
+            return proc, ("as-released" if released else "constrained"), None
+        if NO_SOLUTION not in proc.stderr:
+            return proc, resolution, None
+        note = f"held pins did not resolve, resolved freely: {one_line_reason(proc.stderr)}"
+        self.say(note)
+        return self.uv(*args, timeout=INSTALL_TIMEOUT_S), resolution, note
+
+    def write_record(self, base: str, freeze: list[str], resolution: str, note: str | None) -> None:
+        record = {
+            "hash": self.venv.name,
+            "spec": self.spec.model_dump(mode="json"),
+            "python": base,
+            "freeze": freeze,
+            "resolution": resolution,
+            "resolution_note": note,
+            "built_at": datetime.now(UTC).isoformat(),
+            "build_seconds": round(time.monotonic() - self.started, 3),
+        }
+        tmp = self.venv / f"{MARKER}.tmp"
+        tmp.write_text(json.dumps(record, indent=1))
+        os.replace(tmp, self.venv / MARKER)
+        self.say(f"built {self.venv} ({resolution}) in {record['build_seconds']} s")
 
 
 def build_env(
@@ -445,99 +472,17 @@ def build_env(
 ) -> EnvResult:
     """Build (or reuse) the environment for one candidate under ``root/<spec-hash>``.
 
-    Raises `EnvError` for a spec that is wrong in itself; returns ``ok=False``
-    with uv's message when the candidate cannot be installed.
+    Every uv command runs as the build user (`runners.uvrun`). Raises `EnvError` for a
+    spec that is wrong in itself; returns ``ok=False`` with uv's message when the
+    candidate cannot be installed.
     """
     started = time.monotonic()
     pin, constraints = _validate(spec)
-    root = Path(root)
-    root.mkdir(parents=True, exist_ok=True)
-    cache = Path(cache_dir) if cache_dir is not None else default_cache_dir()
-    cache.mkdir(parents=True, exist_ok=True)
-    env = _uv_env(cache, link_from=root)
+    root, cache = prepare_dirs(root, cache_dir)
+    ids = identities()
+    _check_find_links(spec, ids)
     key = spec_hash(spec)
-    venv = root / key
-    python = _venv_python(venv)
-
-    def result(**kw) -> EnvResult:
-        return EnvResult(seconds=round(time.monotonic() - started, 3), **kw)
-
-    with _locked(root / f"{key}.lock"):
-        record = _reuse(venv, env, log) if (venv / MARKER).exists() else None
-        if record is not None:
-            if log:
-                log(f"reusing {venv}")
-            return result(
-                ok=True,
-                path=str(venv),
-                python_executable=str(python),
-                freeze=record["freeze"],
-                resolution=record.get("resolution", "free"),
-                resolution_note=record.get("resolution_note"),
-                reused=True,
-            )
-        if venv.exists() or venv.is_symlink():
-            if log:
-                log(f"removing incomplete environment {venv}")
-            _remove(venv)
-
-        base = find_python(spec.python)
-        proc = _run(
-            [_uv(), "venv", "--no-project", "--python", base, str(venv)], env, log, cwd=root
-        )
-        if proc.returncode != 0:
-            _remove(venv)
-            return result(ok=False, error=_meaningful(proc.stderr) or "uv venv failed")
-
-        install = [
-            _uv(), "pip", "install", "--python", str(python), pin, *spec.requirements,
-            *index_args(spec),
-        ]  # fmt: skip
-        resolution = "as-released" if spec.exclude_newer is not None else "free"
-        note = None
-        if spec.constraints:
-            cfile = venv / CONSTRAINTS_FILE
-            cfile.write_text("".join(f"{c}\n" for c in constraints))
-            proc = _run([*install, "-c", str(cfile)], env, log, timeout=INSTALL_TIMEOUT_S)
-            if proc.returncode == 0:
-                resolution = "as-released" if spec.exclude_newer is not None else "constrained"
-            elif _NO_SOLUTION in proc.stderr:
-                reason = _one_line_reason(proc.stderr)
-                note = f"held pins did not resolve, resolved freely: {reason}"
-                if log:
-                    log(note)
-                proc = _run(install, env, log, timeout=INSTALL_TIMEOUT_S)
-        else:
-            proc = _run(install, env, log, timeout=INSTALL_TIMEOUT_S)
-        if proc.returncode != 0:
-            _remove(venv)
-            message = _meaningful(proc.stderr) or f"uv pip install exited with {proc.returncode}"
-            return result(ok=False, error=message, resolution=resolution, resolution_note=note)
-
-        freeze = _freeze(python, env, log)
-        if freeze is None:
-            _remove(venv)
-            return result(ok=False, error="uv pip freeze failed on the new environment")
-        record = {
-            "hash": key,
-            "spec": spec.model_dump(mode="json"),
-            "python": base,
-            "freeze": freeze,
-            "resolution": resolution,
-            "resolution_note": note,
-            "built_at": datetime.now(UTC).isoformat(),
-            "build_seconds": round(time.monotonic() - started, 3),
-        }
-        tmp = venv / f"{MARKER}.tmp"
-        tmp.write_text(json.dumps(record, indent=1))
-        os.replace(tmp, venv / MARKER)
-        if log:
-            log(f"built {venv} ({resolution}) in {record['build_seconds']} s")
-        return result(
-            ok=True,
-            path=str(venv),
-            python_executable=str(python),
-            freeze=freeze,
-            resolution=resolution,
-            resolution_note=note,
-        )
+    with _locked(root / f"{key}.lock"), private_dir(ids.build, "leakbisect-build-") as home:
+        env = uv_env(cache, link_from=root, home=home)
+        build = _Build(spec, root, cache, env, ids, log, started)
+        return build.reused() or build.build(pin, constraints)

@@ -1,9 +1,13 @@
-"""Runs one repro script as a local subprocess, capped and sampled.
+"""Runs one repro script as a local subprocess, supervised, capped and sampled.
 
-`run_script` starts ``python script`` in its own session (so the whole tree
-shares a process group that can be killed at once), inside a `MemoryCap`
-(cgroup v2, else cgroup v1, else the sampler's watchdog), samples it with a
-`Sampler`, parses step markers from stdout, and returns an `Execution`.
+`run_script` starts ``python script`` under its supervisor (`runners.supervise`,
+`runners.shim`: a child subreaper that runs the script as the trial user when the
+runner is root, reaps every orphan and kills whatever is left when the script ends),
+inside a `MemoryCap` (cgroup v2, else cgroup v1, else the sampler's watchdog; with a
+pids limit), samples the supervisor's descendants (never the supervisor) with a
+`Sampler` that re-lists the tree at every sample and adds the cgroup's process list,
+parses step markers from stdout, and returns an `Execution`. The runner process
+itself becomes a child subreaper as a backstop (`runners.sandbox.become_subreaper`).
 
 Every trial runs under a cap: when ``memory_limit_bytes`` is None the cap is
 `runners.limits.default_limit_bytes()`, 80% of the memory available to the
@@ -12,48 +16,53 @@ own cgroup limit when that is smaller).
 
 Outcomes:
 
-* ``exit_code`` is the script's exit status, passed through (125 means "skip
-  this candidate" to the classifier); a signal death is ``-signum``.
+* ``exit_code`` is the script's exit status, passed through exactly (125 means "skip
+  this candidate" to the classifier); a signal death is ``-signum``. A script that
+  could not be started has ``exit_code`` None and ``error`` set.
 * Killed by the cap: ``oom_killed=True`` and ``exit_code == -9``. (With cgroup
   v1 the kernel kills the largest task only; if that was a worker and the
   script then exits on its own, ``oom_killed`` is True and the script's own
   exit code is kept.)
 * Past ``timeout_s``: the whole tree is SIGKILLed, ``timed_out=True``.
-* After the script exits, whatever it left running in its process group or
-  cgroup is killed: a trial leaves no processes behind.
+* After the script exits, whatever it left running (double forks, ``setsid``
+  daemons, processes in its cgroup) is killed: a trial leaves no processes behind.
+  A process that left the trial's memory cgroup is killed on sight. ``cap_notes``
+  says what happened beyond the plain exit.
 
-``env`` is the script's complete environment as with `subprocess.Popen`
-(None: inherit the runner's); ``PYTHONUNBUFFERED=1`` is added unless set so
-that step markers arrive on time. ``on_sample`` is called from the sampler
-thread with every sample (for live displays); keep it quick.
+``env`` is the script's complete environment as with `subprocess.Popen` (None: the
+allowlist of `runners.sandbox.allowed_env` with HOME = ``cwd``); ``BISECT_*``
+variables are always removed and ``PYTHONUNBUFFERED=1`` is added unless set so that
+step markers arrive on time. ``on_sample`` is called from the sampler thread with
+every sample (for live displays); keep it quick.
 """
 
 from __future__ import annotations
 
 import contextlib
-import ctypes
-import functools
 import os
-import signal
-import subprocess
-import sys
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO
+from typing import IO, Literal
 
-from runners.limits import CapMethod, MemoryCap, default_limit_bytes
+import psutil
+
+from runners.limits import DEFAULT_PIDS_LIMIT, CapMethod, MemoryCap, default_limit_bytes
 from runners.markers import parse_marker
 from runners.nvml import GpuProbe
 from runners.sampler import Sampler
+from runners.sandbox import allowed_env, become_subreaper, scrub
+from runners.supervise import Outcome, Supervised
+from runners.users import Identity, identities
 from runners.wire import Sample
 
 LOG_TAIL_BYTES = 4096
 STDERR_TAIL_BYTES = 2048
 _MAX_LINE = 64 * 1024  # longer lines are split; a runaway print cannot eat the runner's memory
+_GONE = (psutil.NoSuchProcess, psutil.ZombieProcess, psutil.AccessDenied)
 
 
 @dataclass
@@ -74,6 +83,8 @@ class Execution:
     cgroup_peak_bytes: int | None = None
     oom_kill_count: int | None = None
     cap_notes: list[str] = field(default_factory=list)
+    error: str | None = None  # the script could not be started (exit_code is then None)
+    pids_limit: int | None = None
 
 
 class _Tail:
@@ -146,27 +157,212 @@ class _Output:
         return f"{head}\n[... stderr tail ...]\n{err}"
 
 
-def _kill_group(pgid: int) -> None:
-    if pgid == os.getpgrp():
-        return
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(pgid, signal.SIGKILL)
+class TrialKill:
+    """Ends a running trial from any thread (a lost lease, a stopping runner).
 
-
-_PR_SET_PDEATHSIG = 1
-
-
-def _in_child(join_cap: Callable[[], None] | None) -> None:
-    """Runs in the forked child before exec: join the memory cap, and die with the runner.
-
-    The script has its own session (so the tree can be killed as a group), which also
-    means nothing kills it when the runner is SIGKILLed; PDEATHSIG does.
+    ``pgid`` is the trial's process group: its supervisor's, which is also the
+    supervisor's pid and session (logs and tests read it). Calling it asks the
+    supervisor to kill the whole tree; `run_script` then returns as for any killed
+    script.
     """
-    if join_cap is not None:
-        join_cap()
-    if sys.platform == "linux":
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+
+    def __init__(self, supervised: Supervised) -> None:
+        self._supervised = supervised
+        self.pgid = supervised.pid
+
+    def __call__(self) -> None:
+        self._supervised.stop()
+
+
+def nproc_limit(who: Identity | None, pids_limit: int) -> int:
+    """RLIMIT_NPROC for a trial without a pids cgroup.
+
+    The kernel counts every task (thread) of the *real uid*, across the machine, so the
+    figure is what that uid runs now plus ``pids_limit``: the trial gets its
+    ``pids_limit`` and the uid's other processes (the runner's own, when it is not
+    root; concurrent trials share the trial user's count) are not starved.
+    """
+    uid = who.uid if who is not None else os.getuid()
+    tasks = 0
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry.name}/status", "rb") as f:
+                fields = dict(line.split(b":", 1) for line in f.read().splitlines() if b":" in line)
+        except OSError:
+            continue
+        if int(fields.get(b"Uid", b"-1").split()[0]) == uid:
+            tasks += int(fields.get(b"Threads", b"1").strip() or 1)
+    return tasks + pids_limit
+
+
+def _sweep(procs: Iterable[psutil.Process]) -> int:
+    """Kill every trial process still alive and reap those re-parented to the runner.
+
+    Only needed when the supervisor died before its own clean-up (SIGKILLed by a
+    same-uid script or a v2 OOM group kill): the runner, a child subreaper, then
+    inherits the orphans. psutil checks each process's start time, so a reused pid is
+    never touched. Returns how many were still alive.
+    """
+    me, alive = os.getpid(), 0
+    procs = list(procs)
+    for p in procs:
+        with contextlib.suppress(*_GONE):
+            if p.is_running() and p.status() != psutil.STATUS_ZOMBIE:
+                alive += 1
+                p.kill()
+    for p in procs:
+        with contextlib.suppress(*_GONE, ChildProcessError):
+            if p.is_running() and p.ppid() == me:
+                os.waitpid(p.pid, 0)
+    return alive
+
+
+class _ScriptRun:
+    """One script under its supervisor, cap, sampler and output readers."""
+
+    def __init__(
+        self,
+        cap: MemoryCap,
+        argv: list[str],
+        *,
+        cwd: Path,
+        env: dict[str, str],
+        run_as: Identity | None,
+        pids_limit: int | None,
+    ) -> None:
+        self.cap = cap
+        self.pids_limit = pids_limit
+        nproc = None
+        if pids_limit is not None and cap.pids_limit is None:
+            nproc = nproc_limit(run_as, pids_limit)
+        self.supervised = Supervised(
+            argv,
+            cwd=cwd,
+            env=env,
+            run_as=run_as,
+            nproc=nproc,
+            join=cap.preexec if cap.dirs else None,
+        )
+        self.timed_out = False
+        self.t0 = 0.0
+        self.duration = 0.0
+        self.swept = 0
+
+    def start(
+        self, *, sample_hz: float, gpu: GpuProbe | None, on_sample: Callable[[Sample], None] | None
+    ) -> None:
+        cap = self.cap
+        self.t0 = time.monotonic()
+        proc = self.supervised.start()
+        watchdog = cap.method == "watchdog"
+        self.sampler = Sampler(
+            proc.pid,
+            hz=sample_hz,
+            gpu=gpu,
+            start_time=self.t0,
+            refresh_s=0.0,  # every sample: a double fork cannot hide between refreshes
+            include_root=False,  # the supervisor is not the trial
+            listed=cap.pids if cap.dirs else None,
+            inside=cap.memory_pids if cap.path is not None else None,
+            watchdog_limit_bytes=cap.limit_bytes if watchdog else None,
+            pids_limit=self.pids_limit if cap.pids_limit is None else None,
+            on_watchdog=self._watchdog,
+            on_sample=on_sample,
+        )
+        self.out = _Output(self.t0, self.sampler.set_step)
+        assert proc.stdout is not None and proc.stderr is not None
+        self.readers = [
+            threading.Thread(target=self.out.read_stdout, args=(proc.stdout,), daemon=True),
+            threading.Thread(target=self.out.read_stderr, args=(proc.stderr,), daemon=True),
+        ]
+        for r in self.readers:
+            r.start()
+        self.sampler.start()
+
+    def _watchdog(self) -> None:
+        self.cap.trip()
+        self.supervised.stop()
+
+    def wait(self, timeout_s: float) -> None:
+        if not self.supervised.wait(timeout_s):
+            self.timed_out = True
+            self.stop()
+
+    def stop(self) -> None:
+        """End the tree now (timeout, interrupt) and wait for the supervisor."""
+        self.supervised.stop()
+        self.supervised.wait_stopped()
+
+    def finish(self) -> None:
+        """After the supervisor exited: nothing of the trial survives it."""
+        self.duration = time.monotonic() - self.t0
+        self.sampler.stop()
+        self.cap.kill_all()
+        self.swept = _sweep(self.sampler.seen.values())
+        for r in self.readers:
+            r.join(timeout=5.0)
+        if not any(r.is_alive() for r in self.readers):
+            # (A reader still blocked holds the file's lock: closing would hang; leave it.)
+            proc = self.supervised.proc
+            assert proc is not None
+            for f in (proc.stdout, proc.stderr):
+                if f is not None:
+                    with contextlib.suppress(OSError):
+                        f.close()
+
+    def notes(self, outcome: Outcome) -> list[str]:
+        notes = list(self.cap.notes)
+        if self.sampler.watchdog_reason:
+            notes.append(f"watchdog killed the trial: {self.sampler.watchdog_reason}")
+        notes += [f"pid {p} left the trial's cgroup: killed" for p in self.sampler.escaped]
+        refused = self.cap.forks_refused()
+        if refused:
+            notes.append(f"the pids limit ({self.cap.pids_limit}) refused {refused} forks")
+        proc = self.supervised.proc
+        if outcome.pid is None and outcome.error is None and proc is not None:
+            notes.append(f"the supervisor died without a report (status {proc.returncode})")
+        if self.swept:
+            notes.append(f"{self.swept} processes outlived the supervisor: killed")
+        return notes
+
+    def execution(self, gpu: GpuProbe | None) -> Execution:
+        outcome = self.supervised.outcome()
+        exit_code = outcome.exit_code
+        crashed = exit_code not in (0, 125)
+        log_tail = self.out.log_tail(crashed)
+        if outcome.error is not None:
+            log_tail = f"{log_tail}{outcome.error}\n"
+        s = self.sampler
+        return Execution(
+            exit_code=exit_code,
+            oom_killed=self.cap.oom_killed(exit_code),
+            timed_out=self.timed_out,
+            cap_method=self.cap.method,
+            duration_s=self.duration,
+            log_tail=log_tail[-LOG_TAIL_BYTES:],
+            samples=list(s.samples),
+            steps=list(self.out.steps),
+            gpu_source=s.gpu_source if gpu is not None else "unavailable",
+            host_source="psutil",
+            stderr_tail=self.out.stderr.text()[-STDERR_TAIL_BYTES:],
+            memory_limit_bytes=self.cap.limit_bytes,
+            peak_rss=s.peak_rss,
+            cgroup_peak_bytes=self.cap.peak_bytes(),
+            oom_kill_count=self.cap.oom_kill_count(),
+            cap_notes=self.notes(outcome),
+            error=outcome.error,
+            pids_limit=self.cap.pids_limit or self.pids_limit,
+        )
+
+
+def script_env(env: Mapping[str, str] | None, cwd: Path) -> dict[str, str]:
+    """The script's environment: `env` as given (None: the allowlist, HOME = `cwd`),
+    never a ``BISECT_*`` variable, ``PYTHONUNBUFFERED=1`` unless set."""
+    child = dict(env) if env is not None else allowed_env(home=cwd)
+    child.setdefault("PYTHONUNBUFFERED", "1")
+    return scrub(child)
 
 
 def run_script(
@@ -182,103 +378,40 @@ def run_script(
     on_sample: Callable[[Sample], None] | None = None,
     cap_method: CapMethod | None = None,
     name: str | None = None,
-    on_start: Callable[[int], None] | None = None,
+    on_start: Callable[[TrialKill], None] | None = None,
+    run_as: Identity | None | Literal["auto"] = "auto",
+    pids_limit: int | None = DEFAULT_PIDS_LIMIT,
 ) -> Execution:
-    """Run ``python script`` in ``cwd`` under a memory cap and the sampler.
+    """Run ``python script`` in ``cwd`` under its supervisor, a memory cap and the sampler.
 
-    ``cap_method`` forces a `MemoryCap` method (tests force "watchdog");
-    ``name`` labels the cgroup (default: the script's stem). ``on_start`` is
-    called with the child's pid, which is also its process group id, once it
-    runs: a runner that loses its lease kills the trial with
-    ``os.killpg(pgid, SIGKILL)`` from another thread, and this function then
-    returns as for any killed script (after cleaning up the tree and cgroup).
+    ``cap_method`` forces a `MemoryCap` method (tests force "watchdog"); ``name``
+    labels the cgroup (default: the script's stem). ``run_as``: the user the script
+    runs as; "auto" is the trial user when the runner is root (`runners.users`) and
+    the runner's own uid otherwise; None is always the runner's own uid. ``cwd`` and
+    the script must be usable by that user. ``pids_limit``: processes and threads
+    the trial may have at once (`runners.limits.DEFAULT_PIDS_LIMIT`; None: no limit).
+    ``on_start`` receives a `TrialKill` once the script runs; calling it (from any
+    thread) ends the trial, and this function then returns as for any killed script.
     """
     limit = memory_limit_bytes if memory_limit_bytes is not None else default_limit_bytes()
-    child_env = dict(os.environ if env is None else env)
-    child_env.setdefault("PYTHONUNBUFFERED", "1")
-
-    with MemoryCap.create(limit, name or Path(script).stem, method=cap_method) as cap:
-        t0 = time.monotonic()
-        proc = subprocess.Popen(
-            [python, str(script)],
-            cwd=str(cwd),
-            env=child_env,
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            start_new_session=True,
-            preexec_fn=functools.partial(_in_child, cap.preexec if cap.path is not None else None),
-        )
-        pgid = proc.pid  # session leader: its pid is the group id
-        sampler = Sampler(
-            proc.pid,
-            hz=sample_hz,
-            gpu=gpu,
-            start_time=t0,
-            watchdog_limit_bytes=limit if cap.method == "watchdog" else None,
-            on_watchdog=cap.trip,
-            on_sample=on_sample,
-        )
-        out = _Output(t0, sampler.set_step)
-        assert proc.stdout is not None and proc.stderr is not None
-        readers = [
-            threading.Thread(target=out.read_stdout, args=(proc.stdout,), daemon=True),
-            threading.Thread(target=out.read_stderr, args=(proc.stderr,), daemon=True),
-        ]
-        for r in readers:
-            r.start()
-        sampler.start()
-
-        timed_out = False
+    ids = identities()
+    who = ids.trial if run_as == "auto" else run_as
+    become_subreaper({u.uid for u in ids.users})
+    label = name or Path(script).stem
+    with MemoryCap.create(limit, label, method=cap_method, pids_limit=pids_limit) as cap:
+        run = _ScriptRun(
+            cap, [python, str(script)], cwd=cwd, env=script_env(env, cwd), run_as=who,
+            pids_limit=pids_limit,
+        )  # fmt: skip
+        run.start(sample_hz=sample_hz, gpu=gpu, on_sample=on_sample)
         try:
             if on_start is not None:
-                on_start(pgid)
-            proc.wait(timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            timed_out = True
-            _kill_group(pgid)
-            sampler.kill_tree()
-            proc.wait()
+                on_start(TrialKill(run.supervised))
+            run.wait(timeout_s)
         except BaseException:
             # Interrupted (KeyboardInterrupt, a stale lease...): never leave the tree running.
-            _kill_group(pgid)
-            sampler.kill_tree()
-            proc.wait()
-            sampler.stop()
+            run.stop()
+            run.finish()
             raise
-        duration = time.monotonic() - t0
-        sampler.stop()
-
-        # Nothing of the trial survives it: the group, stragglers that left it, the cgroup.
-        _kill_group(pgid)
-        sampler.kill_tree()
-        cap.kill_all()
-        for r in readers:
-            r.join(timeout=5.0)
-        if not any(r.is_alive() for r in readers):
-            # (A reader still blocked holds the file's lock: closing would hang; leave it.)
-            for f in (proc.stdout, proc.stderr):
-                with contextlib.suppress(OSError):
-                    f.close()
-
-        exit_code = proc.returncode
-        oom = cap.oom_killed(exit_code)
-        crashed = exit_code not in (0, 125)
-        return Execution(
-            exit_code=exit_code,
-            oom_killed=oom,
-            timed_out=timed_out,
-            cap_method=cap.method,
-            duration_s=duration,
-            log_tail=out.log_tail(crashed),
-            samples=list(sampler.samples),
-            steps=list(out.steps),
-            gpu_source=sampler.gpu_source if gpu is not None else "unavailable",
-            host_source="psutil",
-            stderr_tail=out.stderr.text()[-STDERR_TAIL_BYTES:],
-            memory_limit_bytes=limit,
-            peak_rss=sampler.peak_rss,
-            cgroup_peak_bytes=cap.peak_bytes(),
-            oom_kill_count=cap.oom_kill_count(),
-            cap_notes=list(cap.notes),
-        )
+        run.finish()
+        return run.execution(gpu)

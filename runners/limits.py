@@ -1,4 +1,4 @@
-"""A hard memory cap for one trial's process tree.
+"""A hard memory cap, and a process-count cap, for one trial's process tree.
 
 Every trial runs under a cap so that a leaking release never takes the runner
 (or the machine) down. Three mechanisms, tried in this order by
@@ -8,25 +8,44 @@ Every trial runs under a cap so that a leaking release never takes the runner
     A child cgroup of the runner's own cgroup in the unified hierarchy with
     ``memory.max`` = limit, ``memory.swap.max`` = 0 (swap cannot dodge the cap)
     and ``memory.oom.group`` = 1 (an OOM kill takes the whole trial, not one
-    worker). Needs the memory controller in the runner's cgroup
-    ``cgroup.controllers``; if it is not yet in ``cgroup.subtree_control`` we
-    try to enable it, which the kernel refuses (EBUSY) when the runner's cgroup
-    itself holds processes and is not the root of its namespace; then we fall
-    back. OOM kills are counted by ``memory.events`` ``oom_kill``.
+    worker), and ``pids.max`` = the pids limit in the same cgroup. Needs the
+    memory controller in the runner's cgroup ``cgroup.controllers``; if it is
+    not yet in ``cgroup.subtree_control`` we try to enable it (and pids), which
+    the kernel refuses (EBUSY) when the runner's cgroup itself holds processes
+    and is not the root of its namespace; then we fall back. Without the pids
+    controller the cap still holds memory and says so in its notes. OOM kills
+    are counted by ``memory.events`` ``oom_kill``.
 ``cgroup-v1``
     A child of the runner's own *memory* cgroup (``/proc/self/cgroup`` line
     ``N:memory:/path``, mount found in ``/proc/self/mountinfo``) with
     ``memory.limit_in_bytes`` and, when the kernel accounts swap,
-    ``memory.memsw.limit_in_bytes`` at the same value. OOM kills are counted by
-    ``memory.oom_control`` ``oom_kill`` (kernel >= 4.13); on older kernels we
-    fall back to ``memory.failcnt`` > 0 together with a SIGKILL exit.
-    Unlike v2 the kernel kills only the largest task, not the whole tree.
+    ``memory.memsw.limit_in_bytes`` at the same value; and a child of the
+    runner's own cgroup in the *pids* hierarchy with ``pids.max``. The trial
+    joins both. OOM kills are counted by ``memory.oom_control`` ``oom_kill``
+    (kernel >= 4.13); on older kernels we fall back to ``memory.failcnt`` > 0
+    together with a SIGKILL exit. Unlike v2 the kernel kills only the largest
+    task, not the whole tree.
 ``watchdog``
     No kernel help: the sampler compares the tree's RSS against the limit at
-    every sample and SIGKILLs the whole process group, then calls `trip()`.
-    A leak faster than (limit headroom x sample rate) can overshoot briefly.
+    every sample and kills the whole tree, then calls `trip()`. A leak faster
+    than (limit headroom x sample rate) can overshoot briefly. The process count
+    is held by RLIMIT_NPROC on the trial's uid (set by the supervisor) and by
+    the sampler, which kills a tree larger than the limit.
 
-The child joins the cgroup in `preexec()` (run by ``Popen(preexec_fn=...)``
+The pids limit (`DEFAULT_PIDS_LIMIT`, 4096 tasks: processes and threads) is what
+stops a fork bomb; ``pids_limit=None`` turns it off. ``pids.events`` ``max``
+counts the forks it refused (`forks_refused`).
+
+The cgroup directories are created by the runner, so when the runner is root
+their files are root's: a script running as the trial's uid cannot write any
+``cgroup.procs`` and so cannot move itself out (the kernel also requires write
+access to the common ancestor). The sampler checks it anyway: a process of the
+trial found outside the trial's memory cgroup is killed (`memory_pids`).
+
+A runner that is SIGKILLed cannot remove its trial's cgroups; the next `create` on the
+machine does (`remove_stale`: cgroups named for a runner pid that is no longer alive).
+
+The child joins the cgroups in `preexec()` (run by ``Popen(preexec_fn=...)``
 between fork and exec), so it is capped before it allocates anything.
 
 All paths are discovered from ``<root>/proc/self/cgroup`` and
@@ -44,22 +63,27 @@ import os
 import re
 import signal
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
 import psutil
 
+from runners.errors import Unavailable
+
 CapMethod = Literal["cgroup-v1", "cgroup-v2", "watchdog"]
 METHODS: tuple[CapMethod, ...] = ("cgroup-v2", "cgroup-v1", "watchdog")
 
 # Fraction of the machine's available memory used when a job sets no cap.
 DEFAULT_CAP_FRACTION = 0.8
+# Processes (and threads: the kernel counts tasks) one trial may have at once.
+DEFAULT_PIDS_LIMIT = 4096
 
 _counter = itertools.count(1)
 
 
-class CapError(RuntimeError):
+class CapError(Unavailable):
     """A requested cap method cannot be set up here."""
 
 
@@ -141,6 +165,18 @@ class CgroupLayout:
 
     v2: Path | None  # own cgroup in the unified hierarchy
     v1_memory: Path | None  # own cgroup in the v1 memory hierarchy
+    v1_pids: Path | None = None  # own cgroup in the v1 pids hierarchy
+
+
+def _v1_dir(root: Path, mounts: list[Mount], cg: dict[str, str], controller: str) -> Path | None:
+    if controller not in cg:
+        return None
+    for m in mounts:
+        if m.fstype == "cgroup" and controller in m.super_options:
+            p = _resolve(root, m, cg[controller])
+            if p.is_dir():
+                return p
+    return None
 
 
 def discover(root: Path = Path("/")) -> CgroupLayout:
@@ -149,7 +185,7 @@ def discover(root: Path = Path("/")) -> CgroupLayout:
         mounts = parse_mountinfo((root / "proc/self/mountinfo").read_text())
     except OSError:
         return CgroupLayout(None, None)
-    v2 = v1 = None
+    v2 = None
     if "" in cg:
         for m in mounts:
             if m.fstype == "cgroup2":
@@ -157,14 +193,11 @@ def discover(root: Path = Path("/")) -> CgroupLayout:
                 if p.is_dir():
                     v2 = p
                     break
-    if "memory" in cg:
-        for m in mounts:
-            if m.fstype == "cgroup" and "memory" in m.super_options:
-                p = _resolve(root, m, cg["memory"])
-                if p.is_dir():
-                    v1 = p
-                    break
-    return CgroupLayout(v2=v2, v1_memory=v1)
+    return CgroupLayout(
+        v2=v2,
+        v1_memory=_v1_dir(root, mounts, cg, "memory"),
+        v1_pids=_v1_dir(root, mounts, cg, "pids"),
+    )
 
 
 def default_limit_bytes(root: Path = Path("/")) -> int:
@@ -233,26 +266,147 @@ def _safe_name(name: str) -> str:
     return s[:60]
 
 
+# --------------------------------------------------------------------------- setting up
+
+
+def _enable_v2_controllers(parent: Path, wanted: list[str], notes: list[str]) -> list[str]:
+    """Enable `wanted` for `parent`'s children; memory is required, the others optional."""
+    enabled = (parent / "cgroup.subtree_control").read_text().split()
+    got = []
+    for controller in wanted:
+        if controller in enabled:
+            got.append(controller)
+            continue
+        try:
+            _write(parent / "cgroup.subtree_control", f"+{controller}")
+        except OSError as e:
+            if controller == "memory":
+                raise CapError(
+                    f"cannot enable memory in {parent}/cgroup.subtree_control: {e}"
+                ) from e
+            notes.append(f"{controller} controller not enabled in {parent}: {e}")
+            continue
+        got.append(controller)
+    return got
+
+
+def _limit_v2_memory(path: Path, limit: int, notes: list[str]) -> None:
+    if not (path / "memory.max").exists():
+        raise CapError(f"{path} has no memory.max")
+    _write(path / "memory.max", str(limit))
+    if (path / "memory.swap.max").exists():
+        try:
+            _write(path / "memory.swap.max", "0")
+        except OSError as e:
+            notes.append(f"memory.swap.max not set: {e}")
+    if (path / "memory.oom.group").exists():
+        with contextlib.suppress(OSError):
+            _write(path / "memory.oom.group", "1")
+
+
+def _limit_v1_memory(path: Path, limit: int, notes: list[str]) -> None:
+    if not (path / "memory.limit_in_bytes").exists():
+        raise CapError(f"{path} has no memory.limit_in_bytes")
+    _write(path / "memory.limit_in_bytes", str(limit))
+    memsw = path / "memory.memsw.limit_in_bytes"
+    if memsw.exists():
+        # Must come after limit_in_bytes (memsw >= limit is enforced).
+        try:
+            _write(memsw, str(limit))
+        except OSError as e:
+            notes.append(f"memory.memsw.limit_in_bytes not set: {e}")
+    else:
+        # No swap accounting: at least tell reclaim not to prefer swap.
+        with contextlib.suppress(OSError):
+            _write(path / "memory.swappiness", "0")
+        notes.append("no swap accounting (memsw): swap is not capped")
+    with contextlib.suppress(OSError):
+        _write(path / "memory.oom_control", "0")  # make sure the OOM killer is on
+
+
+def _new_cgroup(path: Path, configure: Callable[[Path], None]) -> Path:
+    """mkdir `path` and configure it; on any failure the directory is removed again."""
+    _mkdir(path)
+    try:
+        configure(path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            _rmdir(path)
+        raise
+    return path
+
+
+_OURS = re.compile(r"leakbisect-.*-(\d+)-\d+")
+
+
+def remove_stale(parent: Path) -> list[Path]:
+    """Remove trial cgroups under `parent` whose runner is gone (it was SIGKILLed before
+    its clean-up): their processes are killed first. A cgroup is named
+    ``leakbisect-<name>-<runner pid>-<n>``; one whose runner pid is alive is never touched.
+    Returns the directories removed."""
+    removed = []
+    try:
+        entries = list(parent.iterdir())
+    except OSError:
+        return removed
+    for d in entries:
+        m = _OURS.fullmatch(d.name)
+        if m is None or not d.is_dir() or psutil.pid_exists(int(m.group(1))):
+            continue
+        stale = MemoryCap("cgroup-v1", 1, d)  # only its process list and teardown are used
+        stale.kill_all(timeout_s=2.0)
+        with contextlib.suppress(OSError):
+            _rmdir(d)
+            removed.append(d)
+    return removed
+
+
+def _no_pids_note(where: str) -> str:
+    return f"no pids limit from {where}: forks are limited by RLIMIT_NPROC and the sampler"
+
+
 # --------------------------------------------------------------------------- the cap
 
 
 class MemoryCap:
-    """A hard memory cap for one child process tree; use as a context manager.
+    """A hard memory (and process count) cap for one child process tree; a context manager.
 
     ``with MemoryCap.create(limit, "trial-7") as cap:
         Popen(..., preexec_fn=cap.preexec, start_new_session=True)``
+
+    ``path`` is the trial's memory cgroup (v1) or its one cgroup (v2); ``pids_path`` the
+    cgroup holding its ``pids.max`` (the same directory in v2, a directory in the v1 pids
+    hierarchy), and ``pids_limit`` the limit the kernel enforces there (None: no cgroup
+    limits the process count, see the module docstring).
     """
 
-    def __init__(self, method: CapMethod, limit_bytes: int, path: Path | None = None):
+    def __init__(
+        self,
+        method: CapMethod,
+        limit_bytes: int,
+        path: Path | None = None,
+        *,
+        pids_path: Path | None = None,
+        pids_limit: int | None = None,
+    ):
         self.method: CapMethod = method
         self.limit_bytes = int(limit_bytes)
-        self.path = path  # the trial's cgroup directory (None for the watchdog)
+        self.path = path  # the trial's memory cgroup directory (None for the watchdog)
+        self.pids_path = pids_path
+        self.pids_limit = pids_limit
         self.notes: list[str] = []
         self._tripped = False
         self._closed = False
-        self._procs_file: bytes | None = (
-            os.fsencode(path / "cgroup.procs") if path is not None else None
-        )
+        self._procs_files: list[bytes] = []
+        self._refresh_dirs()
+
+    def _refresh_dirs(self) -> None:
+        self._procs_files = [os.fsencode(d / "cgroup.procs") for d in self.dirs]
+
+    @property
+    def dirs(self) -> list[Path]:
+        """Every cgroup directory of this cap (memory first)."""
+        return list(dict.fromkeys(d for d in (self.path, self.pids_path) if d is not None))
 
     # -- construction
 
@@ -264,139 +418,147 @@ class MemoryCap:
         *,
         method: CapMethod | None = None,
         root: Path = Path("/"),
+        pids_limit: int | None = DEFAULT_PIDS_LIMIT,
     ) -> MemoryCap:
         """The best cap available here: cgroup v2, else cgroup v1, else the watchdog.
 
         ``method`` forces one (tests use ``"watchdog"``); a forced cgroup method
-        that cannot be set up raises `CapError`.
+        that cannot be set up raises `CapError`. ``pids_limit`` caps the number of
+        processes (and threads) of the trial (None: no limit).
         """
         if limit_bytes <= 0:
             raise ValueError("limit_bytes must be positive")
         if method is not None and method not in METHODS:
             raise ValueError(f"unknown cap method {method!r}")
+        if pids_limit is not None and pids_limit <= 0:
+            raise ValueError("pids_limit must be positive")
         layout = discover(root)
+        for parent in (layout.v2, layout.v1_memory, layout.v1_pids):
+            if parent is not None:
+                remove_stale(parent)
         cg_name = f"leakbisect-{_safe_name(name)}-{os.getpid()}-{next(_counter)}"
         notes: list[str] = []
-        if method in (None, "cgroup-v2"):
+        builders = (("cgroup-v2", cls._create_v2), ("cgroup-v1", cls._create_v1))
+        for m, build in builders:
+            if method not in (None, m):
+                continue
             try:
-                if layout.v2 is None:
-                    raise CapError("no unified cgroup hierarchy")
-                cap = cls._create_v2(layout.v2, cg_name, limit_bytes)
-                cap.notes[:0] = notes
-                return cap
+                cap = build(layout, cg_name, limit_bytes, pids_limit)
             except (CapError, OSError) as e:
-                notes.append(f"cgroup-v2 unavailable: {e}")
-                if method == "cgroup-v2":
+                notes.append(f"{m} unavailable: {e}")
+                if method == m:
                     raise CapError(notes[-1]) from e
-        if method in (None, "cgroup-v1"):
-            try:
-                if layout.v1_memory is None:
-                    raise CapError("no v1 memory cgroup")
-                cap = cls._create_v1(layout.v1_memory, cg_name, limit_bytes)
-                cap.notes[:0] = notes
-                return cap
-            except (CapError, OSError) as e:
-                notes.append(f"cgroup-v1 unavailable: {e}")
-                if method == "cgroup-v1":
-                    raise CapError(notes[-1]) from e
+                continue
+            cap.notes[:0] = notes
+            return cap
         cap = cls("watchdog", limit_bytes)
         cap.notes = notes
         return cap
 
     @classmethod
-    def _create_v2(cls, parent: Path, cg_name: str, limit: int) -> MemoryCap:
+    def _create_v2(
+        cls, layout: CgroupLayout, cg_name: str, limit: int, pids_limit: int | None
+    ) -> MemoryCap:
+        parent = layout.v2
+        if parent is None:
+            raise CapError("no unified cgroup hierarchy")
         controllers = (parent / "cgroup.controllers").read_text().split()
         if "memory" not in controllers:
             raise CapError(f"memory controller not delegated to {parent}")
-        subtree = (parent / "cgroup.subtree_control").read_text().split()
-        if "memory" not in subtree:
-            try:
-                _write(parent / "cgroup.subtree_control", "+memory")
-            except OSError as e:
-                raise CapError(
-                    f"cannot enable memory in {parent}/cgroup.subtree_control: {e}"
-                ) from e
-        path = parent / cg_name
-        _mkdir(path)
-        try:
-            if not (path / "memory.max").exists():
-                raise CapError(f"{path} has no memory.max")
-            _write(path / "memory.max", str(limit))
-            cap = cls("cgroup-v2", limit, path)
-            if (path / "memory.swap.max").exists():
-                try:
-                    _write(path / "memory.swap.max", "0")
-                except OSError as e:
-                    cap.notes.append(f"memory.swap.max not set: {e}")
-            if (path / "memory.oom.group").exists():
-                with contextlib.suppress(OSError):
-                    _write(path / "memory.oom.group", "1")
-            return cap
-        except BaseException:
-            with contextlib.suppress(OSError):
-                _rmdir(path)
-            raise
+        notes: list[str] = []
+        wanted = ["memory"]
+        if pids_limit is not None:
+            if "pids" in controllers:
+                wanted.append("pids")
+            else:
+                notes.append(_no_pids_note(f"{parent} (pids controller not delegated)"))
+        enabled = _enable_v2_controllers(parent, wanted, notes)
+
+        def configure(path: Path) -> None:
+            _limit_v2_memory(path, limit, notes)
+            if "pids" in enabled:
+                _write(path / "pids.max", str(pids_limit))
+
+        path = _new_cgroup(parent / cg_name, configure)
+        has_pids = "pids" in enabled
+        cap = cls(
+            "cgroup-v2",
+            limit,
+            path,
+            pids_path=path if has_pids else None,
+            pids_limit=pids_limit if has_pids else None,
+        )
+        cap.notes = notes
+        return cap
 
     @classmethod
-    def _create_v1(cls, parent: Path, cg_name: str, limit: int) -> MemoryCap:
-        path = parent / cg_name
-        _mkdir(path)
-        try:
-            if not (path / "memory.limit_in_bytes").exists():
-                raise CapError(f"{path} has no memory.limit_in_bytes")
-            _write(path / "memory.limit_in_bytes", str(limit))
-            cap = cls("cgroup-v1", limit, path)
-            memsw = path / "memory.memsw.limit_in_bytes"
-            if memsw.exists():
-                # Must come after limit_in_bytes (memsw >= limit is enforced).
-                try:
-                    _write(memsw, str(limit))
-                except OSError as e:
-                    cap.notes.append(f"memory.memsw.limit_in_bytes not set: {e}")
-            else:
-                # No swap accounting: at least tell reclaim not to prefer swap.
-                with contextlib.suppress(OSError):
-                    _write(path / "memory.swappiness", "0")
-                cap.notes.append("no swap accounting (memsw): swap is not capped")
-            with contextlib.suppress(OSError):
-                _write(path / "memory.oom_control", "0")  # make sure the OOM killer is on
+    def _create_v1(
+        cls, layout: CgroupLayout, cg_name: str, limit: int, pids_limit: int | None
+    ) -> MemoryCap:
+        if layout.v1_memory is None:
+            raise CapError("no v1 memory cgroup")
+        notes: list[str] = []
+        path = _new_cgroup(layout.v1_memory / cg_name, lambda p: _limit_v1_memory(p, limit, notes))
+        cap = cls("cgroup-v1", limit, path)
+        cap.notes = notes
+        if pids_limit is None:
             return cap
-        except BaseException:
-            with contextlib.suppress(OSError):
-                _rmdir(path)
-            raise
+        if layout.v1_pids is None:
+            cap.notes.append(_no_pids_note("cgroup v1 (no pids hierarchy)"))
+            return cap
+        try:
+            cap.pids_path = _new_cgroup(
+                layout.v1_pids / cg_name, lambda p: _write(p / "pids.max", str(pids_limit))
+            )
+        except OSError as e:
+            cap.notes.append(_no_pids_note(f"{layout.v1_pids}: {e}"))
+            return cap
+        cap.pids_limit = pids_limit
+        cap._refresh_dirs()
+        return cap
 
     # -- joining
 
     def preexec(self) -> None:
         """Move the calling process into the cap; for ``Popen(preexec_fn=...)``.
 
-        Runs between fork and exec, so it only uses raw syscalls on a path
+        Runs between fork and exec, so it only uses raw syscalls on paths
         encoded in advance. A failure raises, and Popen raises in the parent:
         a trial never runs uncapped by accident.
         """
-        if self._procs_file is None:
-            return
-        fd = os.open(self._procs_file, os.O_WRONLY | os.O_TRUNC)
-        try:
-            os.write(fd, str(os.getpid()).encode())
-        finally:
-            os.close(fd)
+        pid = str(os.getpid()).encode()
+        for procs in self._procs_files:
+            fd = os.open(procs, os.O_WRONLY | os.O_TRUNC)
+            try:
+                os.write(fd, pid)
+            finally:
+                os.close(fd)
 
     def add_pid(self, pid: int) -> None:
         """Move an existing process (and, in v2/v1 cgroup.procs, its threads) into the cap."""
-        if self.path is not None:
-            _write(self.path / "cgroup.procs", str(pid))
+        for d in self.dirs:
+            _write(d / "cgroup.procs", str(pid))
 
     def pids(self) -> list[int]:
-        """Processes currently in the cgroup (empty for the watchdog)."""
+        """Processes currently in any of the cap's cgroups (empty for the watchdog)."""
+        found: dict[int, None] = {}
+        for d in self.dirs:
+            try:
+                text = (d / "cgroup.procs").read_text()
+            except OSError:
+                continue
+            found.update((int(x), None) for x in text.split() if x.isdigit())
+        return list(found)
+
+    def memory_pids(self) -> set[int]:
+        """Processes in the memory cgroup itself: a trial process outside it escaped."""
         if self.path is None:
-            return []
+            return set()
         try:
             text = (self.path / "cgroup.procs").read_text()
         except OSError:
-            return []
-        return [int(x) for x in text.split() if x.strip().isdigit()]
+            return set()
+        return {int(x) for x in text.split() if x.isdigit()}
 
     # -- reading
 
@@ -429,6 +591,12 @@ class MemoryCap:
             return _read_keyed(self.path / "memory.events").get("oom_kill")
         return _read_keyed(self.path / "memory.oom_control").get("oom_kill")
 
+    def forks_refused(self) -> int | None:
+        """How many forks the pids limit refused (``pids.events`` ``max``); None: no limit."""
+        if self.pids_path is None:
+            return None
+        return _read_keyed(self.pids_path / "pids.events").get("max", 0)
+
     def usage_bytes(self) -> int | None:
         """The cgroup's charged memory now (includes page cache); None for the watchdog."""
         if self.path is None:
@@ -451,7 +619,7 @@ class MemoryCap:
     # -- teardown
 
     def kill_all(self, timeout_s: float = 5.0) -> bool:
-        """SIGKILL every process in the cgroup and wait until it is empty."""
+        """SIGKILL every process in the cap's cgroups and wait until they are empty."""
         if self.path is None:
             return True
         deadline = time.monotonic() + timeout_s
@@ -471,27 +639,31 @@ class MemoryCap:
             time.sleep(0.01)
 
     def close(self) -> None:
-        """Kill leftover tasks, move any unkillable ones to the parent, remove the cgroup."""
+        """Kill leftover tasks, move any unkillable ones to the parent, remove the cgroups."""
         if self._closed:
             return
         self._closed = True
         if self.path is None:
             return
         if not self.kill_all():
-            parent_procs = self.path.parent / "cgroup.procs"
-            for pid in self.pids():
-                with contextlib.suppress(OSError):
-                    _write(parent_procs, str(pid))
+            for d in self.dirs:
+                for pid in self.pids():
+                    with contextlib.suppress(OSError):
+                        _write(d.parent / "cgroup.procs", str(pid))
+        for d in self.dirs:
+            self._remove(d)
+
+    def _remove(self, path: Path) -> None:
         for attempt in range(50):
             try:
-                _rmdir(self.path)
+                _rmdir(path)
                 return
             except FileNotFoundError:
                 return
             except OSError as e:
                 # EBUSY while the last tasks finish exiting
                 if e.errno not in (errno.EBUSY, errno.ENOTEMPTY) or attempt == 49:
-                    self.notes.append(f"could not remove {self.path}: {e}")
+                    self.notes.append(f"could not remove {path}: {e}")
                     return
                 time.sleep(0.02)
 

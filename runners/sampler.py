@@ -1,20 +1,32 @@
 """Samples a process tree's memory in a background thread.
 
-Host memory comes from psutil: the root pid and its descendants, RSS summed,
-with ``shared`` (file-backed and shmem pages, where pinned CUDA host memory
-shows up) and ``anon = rss - shared`` where the platform gives them (Linux
-``memory_info()`` reads ``/proc/PID/statm``: a few microseconds). The
-children list is refreshed about once a second, not at every sample: listing
-descendants reads every process's stat file on the machine. Processes that
-vanish between refreshes are normal and skipped, and so are zombies (RSS 0).
-``memory_full_info`` (USS/PSS) is never used here: it walks smaps and costs
-milliseconds per call on a large process.
+Host memory comes from psutil: the tree's processes, RSS summed, with ``shared``
+(file-backed and shmem pages, where pinned CUDA host memory shows up) and
+``anon = rss - shared`` where the platform gives them (Linux ``memory_info()``
+reads ``/proc/PID/statm``: a few microseconds). ``memory_full_info`` (USS/PSS)
+is never used here: it walks smaps and costs milliseconds per call on a large
+process. GPU memory comes from a `runners.nvml.GpuProbe` when one is given.
 
-GPU memory comes from a `runners.nvml.GpuProbe` when one is given.
+The tree: the root pid and its descendants (``include_root=False`` leaves the
+root out: a trial's root is its supervisor, `runners.shim`, whose own memory is
+not the trial's), listed through ``/proc/PID/task/TID/children``
+(`runners.shim.descendants`: one small read per process of the tree), plus what
+``listed`` returns (the trial's cgroup.procs). The list is refreshed every
+``refresh_s`` (default about once a second; trials refresh at every sample,
+which costs tens of microseconds for a small tree, so a double fork cannot hide
+between refreshes). Processes that vanish between refreshes are normal and
+skipped, and so are zombies (RSS 0); one that left the tree (re-parented away)
+is still sampled while it lives. Every process ever seen stays in `seen` for
+the caller's clean-up.
+
+Escapes: with ``inside`` (the pids of the trial's memory cgroup), a process of
+the tree that is alive and not in that cgroup left the cap: it is SIGKILLed at
+once and listed in `escaped`.
 
 The watchdog: when ``watchdog_limit_bytes`` is set (the trial's cap method is
-"watchdog", i.e. no cgroup), a sample whose tree RSS exceeds it SIGKILLs the
-tree's process group and every known member, then calls ``on_watchdog``.
+"watchdog", i.e. no cgroup), a sample whose tree RSS exceeds it kills the
+tree, then calls ``on_watchdog``; so does a tree of more than ``pids_limit``
+processes (a fork bomb without a pids cgroup). `watchdog_reason` says which.
 """
 
 from __future__ import annotations
@@ -26,11 +38,12 @@ import signal
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 
 import psutil
 
 from runners.nvml import GpuProbe
+from runners.shim import descendants
 from runners.wire import Sample
 
 log = logging.getLogger(__name__)
@@ -64,6 +77,10 @@ class Sampler:
         on_sample: Callable[[Sample], None] | None = None,
         fast_hz: float = 50.0,
         fast_start_s: float = 30.0,
+        include_root: bool = True,
+        listed: Callable[[], Iterable[int]] | None = None,
+        inside: Callable[[], set[int]] | None = None,
+        pids_limit: int | None = None,
     ):
         if hz <= 0:
             raise ValueError("hz must be positive")
@@ -77,6 +94,10 @@ class Sampler:
         self.watchdog_limit_bytes = watchdog_limit_bytes
         self.on_watchdog = on_watchdog
         self.on_sample = on_sample
+        self.include_root = include_root
+        self.listed = listed
+        self.inside = inside
+        self.pids_limit = pids_limit
 
         self.samples: list[Sample] = []
         self.step: int | None = None  # set by whoever parses step markers
@@ -84,6 +105,9 @@ class Sampler:
         self.watchdog_fired = False
         self.peak_rss = 0
         self.refreshes = 0
+        self.watchdog_reason: str | None = None
+        self.escaped: list[int] = []
+        self.seen: dict[int, psutil.Process] = {}
 
         self._procs: dict[int, psutil.Process] = {}
         self._root: psutil.Process | None = None
@@ -105,9 +129,12 @@ class Sampler:
             self.start_time = time.monotonic()
         try:
             self._root = psutil.Process(self.pid)
-            self._procs[self.pid] = self._root
+            if self.include_root:
+                self._procs[self.pid] = self._root
         except _GONE:
             self._root = None
+        if not self.include_root:
+            return self  # the tree is killed member by member, never the root's group
         with contextlib.suppress(OSError):
             pgid = os.getpgid(self.pid)
             # Never the sampler's own group: a tree that was not started in its
@@ -145,25 +172,56 @@ class Sampler:
         return set(self._procs)
 
     def refresh(self) -> None:
-        """Re-list the root's descendants (costly: once a second is plenty)."""
+        """Re-list the tree: the root's descendants and the ``listed`` pids."""
         self._last_refresh = time.monotonic()
         self.refreshes += 1
-        root = self._root
-        if root is None:
-            return
-        try:
-            children = root.children(recursive=True)
-        except _GONE:
-            children = []
-        procs = {self.pid: root} if root.pid in self._procs else {}
-        for c in children:
+        tree = set(descendants(self.pid)) if self._root is not None else set()
+        if self.listed is not None:
+            tree.update(self.listed())
+        if self.include_root and self._root is not None and self.pid in self._procs:
+            tree.add(self.pid)
+        else:
+            tree.discard(self.pid)
+        procs: dict[int, psutil.Process] = {}
+        for pid in tree:
             # Keep the existing object (it remembers the create time: pid reuse is detected).
-            procs[c.pid] = self._procs.get(c.pid, c)
+            p = self._procs.get(pid) or self._process(pid)
+            if p is not None:
+                procs[pid] = p
         # Orphans re-parented away from the root keep being sampled while they live.
         for pid, p in self._procs.items():
             if pid not in procs and p.is_running():
                 procs[pid] = p
         self._procs = procs
+        self.seen.update(procs)
+        if self.inside is not None:
+            self._kill_escaped(procs)
+
+    @staticmethod
+    def _process(pid: int) -> psutil.Process | None:
+        try:
+            return psutil.Process(pid)
+        except _GONE:
+            return None
+
+    def _kill_escaped(self, procs: dict[int, psutil.Process]) -> None:
+        """Kill live processes of the tree that are not in the trial's memory cgroup."""
+        assert self.inside is not None
+        outside = [pid for pid in procs if pid != self.pid] if procs else []
+        if not outside:
+            return
+        inside = self.inside()
+        outside = [pid for pid in outside if pid not in inside]
+        if not outside:
+            return
+        inside = self.inside()  # again: a process that just exited has left the cgroup too
+        for pid in outside:
+            p = procs[pid]
+            with contextlib.suppress(*_GONE):
+                if pid not in inside and p.status() != psutil.STATUS_ZOMBIE:
+                    p.kill()
+                    self.escaped.append(pid)
+                    log.warning("pid %d left the trial's cgroup: killed", pid)
 
     # -- sampling
 
@@ -173,6 +231,33 @@ class Sampler:
             self.attach()
         if time.monotonic() - self._last_refresh >= self.refresh_s:
             self.refresh()
+        rss, shared, alive = self._host()
+        if not alive:
+            return None
+        assert self.start_time is not None
+        sample = Sample(
+            t=time.monotonic() - self.start_time,
+            rss=rss,
+            anon=rss - shared if shared is not None else None,
+            shared=shared,
+            gpu=self._gpu(alive),
+            step=self.step,
+        )
+        self.samples.append(sample)
+        if rss > self.peak_rss:
+            self.peak_rss = rss
+        self._watch(rss)
+        if self.on_sample is not None:
+            try:
+                self.on_sample(sample)
+            except Exception:  # noqa: BLE001 - a display callback must not stop sampling
+                if not self._callback_failed:
+                    self._callback_failed = True
+                    log.exception("on_sample callback failed")
+        return sample
+
+    def _host(self) -> tuple[int, int | None, list[int]]:
+        """RSS and shared bytes summed over the live tree (shared None: not given), its pids."""
         rss = shared = 0
         have_shared = True
         alive: list[int] = []
@@ -194,45 +279,32 @@ class Sampler:
             alive.append(pid)
         for pid in dead:
             self._procs.pop(pid, None)
-        if not alive:
+        return rss, shared if have_shared else None, alive
+
+    def _gpu(self, alive: list[int]) -> int | None:
+        if self.gpu is None:
             return None
-        gpu = None
-        if self.gpu is not None:
-            try:
-                gpu, source = self.gpu.sample(set(alive))
-            except Exception as e:  # noqa: BLE001 - a flaky driver must not stop host sampling
-                log.debug("GPU sample failed: %s", e)
-                gpu, source = None, "unavailable"
-            self.gpu_sources[source] += 1
-        assert self.start_time is not None
-        sample = Sample(
-            t=time.monotonic() - self.start_time,
-            rss=rss,
-            anon=rss - shared if have_shared else None,
-            shared=shared if have_shared else None,
-            gpu=gpu,
-            step=self.step,
-        )
-        self.samples.append(sample)
-        if rss > self.peak_rss:
-            self.peak_rss = rss
-        if (
-            self.watchdog_limit_bytes is not None
-            and not self.watchdog_fired
-            and rss > self.watchdog_limit_bytes
-        ):
-            self.kill_tree()
-            self.watchdog_fired = True
-            if self.on_watchdog is not None:
-                self.on_watchdog()
-        if self.on_sample is not None:
-            try:
-                self.on_sample(sample)
-            except Exception:  # noqa: BLE001 - a display callback must not stop sampling
-                if not self._callback_failed:
-                    self._callback_failed = True
-                    log.exception("on_sample callback failed")
-        return sample
+        try:
+            gpu, source = self.gpu.sample(set(alive))
+        except Exception as e:  # noqa: BLE001 - a flaky driver must not stop host sampling
+            log.debug("GPU sample failed: %s", e)
+            gpu, source = None, "unavailable"
+        self.gpu_sources[source] += 1
+        return gpu
+
+    def _watch(self, rss: int) -> None:
+        if self.watchdog_fired:
+            return
+        if self.watchdog_limit_bytes is not None and rss > self.watchdog_limit_bytes:
+            self.watchdog_reason = f"memory {rss} > {self.watchdog_limit_bytes} bytes"
+        elif self.pids_limit is not None and len(self._procs) > self.pids_limit:
+            self.watchdog_reason = f"{len(self._procs)} processes > {self.pids_limit}"
+        else:
+            return
+        self.kill_tree()
+        self.watchdog_fired = True
+        if self.on_watchdog is not None:
+            self.on_watchdog()
 
     def kill_tree(self) -> None:
         """SIGKILL the tree's process group and every member known to the sampler."""
@@ -271,11 +343,12 @@ class Sampler:
 # --------------------------------------------------------------------------- overhead bench
 
 
-def _bench(seconds: float = 10.0, hz: float = 10.0) -> None:
+def _bench(seconds: float = 10.0, hz: float = 10.0, refresh_s: float = 1.0) -> None:
     """Print the sampler's CPU cost for a 1-process and a 4-process tree.
 
-    ``python -m runners.sampler [seconds] [hz]``. The bench process only
-    sleeps in its main thread, so its CPU time is the sampler thread's.
+    ``python -m runners.sampler [seconds] [hz] [refresh_s]`` (trials use refresh_s 0:
+    the tree is re-listed at every sample). The bench process only sleeps in its main
+    thread, so its CPU time is the sampler thread's.
     """
     import subprocess
     import sys
@@ -290,7 +363,7 @@ def _bench(seconds: float = 10.0, hz: float = 10.0) -> None:
         p = subprocess.Popen([sys.executable, "-c", code], start_new_session=True)
         try:
             time.sleep(1.0)  # let the tree start
-            s = Sampler(p.pid, hz=hz)
+            s = Sampler(p.pid, hz=hz, refresh_s=refresh_s)
             c0, w0 = time.process_time(), time.monotonic()
             s.start()
             time.sleep(seconds)
@@ -311,4 +384,4 @@ def _bench(seconds: float = 10.0, hz: float = 10.0) -> None:
 if __name__ == "__main__":
     import sys
 
-    _bench(*(float(a) for a in sys.argv[1:3]))
+    _bench(*(float(a) for a in sys.argv[1:4]))

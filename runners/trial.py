@@ -3,22 +3,39 @@
 `Executor` is the interface every way of running trials implements (the local subprocess
 executor here; the Docker executor in `runners.docker`); the agent and `bisect-cli run`
 only ever talk to it. ``on_start`` receives a ``kill`` callable as soon as the trial can
-be killed: another thread calls it when the lease is lost or the runner stops.
+be killed: another thread calls it when the lease is lost or the runner stops. For the
+local executor it is a `runners.executor.TrialKill`, whose ``pgid`` names the trial's
+process group.
+
+`execute_trial` is the local executor's work, by `TrialSpec.kind`:
+
+* ``"run"``: build (or reuse) the environment as the build user, then run the script as
+  the trial user (both when the runner is root: `runners.users`) in a private working
+  directory (0700, owned by the trial user, removed afterwards) holding the script, its
+  ``HOME`` and its ``TMPDIR``, with the allowlisted environment plus the job's own
+  ``variables`` (`runners.sandbox.allowed_env`). The report carries at most
+  `MAX_REPORT_SAMPLES` samples (`runners.series.downsample`: min and max per time
+  bucket) and ``samples_taken`` says how many were taken.
+* ``"resolve"``: no script; `runners.envs.resolve_pins` (``uv pip compile``, sandboxed as
+  any build) and a report with ``pins``, or ``env.ok=False`` and ``env.error`` when the
+  requirements cannot be resolved.
 """
 
-import contextlib
-import os
-import signal
-import tempfile
+from __future__ import annotations
+
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Protocol
 
-from runners.envs import EnvError, build_env, resolve_pins
-from runners.executor import run_script
+from runners.envs import EnvError, build_env, prepare_dirs, resolve_pins
+from runners.errors import InvalidInput
+from runners.executor import Execution, run_script
 from runners.nvml import GpuProbe
-from runners.wire import EnvResult, Sample, TrialReport, TrialSpec
+from runners.sandbox import allowed_env, give, private_dir, private_subdir
+from runners.series import downsample
+from runners.users import identities
+from runners.wire import MAX_REPORT_SAMPLES, EnvResult, Sample, TrialReport, TrialSpec
 
 Kill = Callable[[], None]
 
@@ -39,7 +56,12 @@ class Executor(Protocol):
 
 
 class LocalExecutor:
-    """Trials as capped, sampled child processes of this one, environments under `env_root`."""
+    """Trials as capped, sampled child processes of this one, environments under `env_root`.
+
+    Creating one checks, once, that the trial and build users exist (creating them when
+    the runner is root) and can reach `env_root` and `cache_dir`: a runner that could
+    never build an environment fails at start, in one line (`runners.errors.Unavailable`).
+    """
 
     name = "local"
 
@@ -47,6 +69,7 @@ class LocalExecutor:
         self.env_root = Path(env_root)
         self.cache_dir = Path(cache_dir)
         self.gpu = gpu
+        prepare_dirs(self.env_root, self.cache_dir)
 
     def run_trial(
         self,
@@ -77,7 +100,7 @@ def execute_trial(
     log: Callable[[str], None] | None = None,
     on_start: Callable[[Kill], None] | None = None,
 ) -> TrialReport:
-    """Build the environment, run the script, report (a resolve trial: resolve and report pins)."""
+    """Do one trial as `spec.kind` says (see the module docstring) and report."""
     if spec.kind == "resolve":
         return _resolve(spec, cache_dir)
     try:
@@ -86,20 +109,50 @@ def execute_trial(
         env = EnvResult(ok=False, error=str(exc))
     if not env.ok or env.python_executable is None:
         return TrialReport(trial_id=spec.trial_id, attempt=spec.attempt, env=env)
-    with tempfile.TemporaryDirectory(prefix="leakbisect-trial-") as work:
-        script = Path(work) / Path(spec.script_name).name
+    try:
+        run = _run(spec, env.python_executable, gpu, on_sample, on_start)
+    except InvalidInput as exc:  # a BISECT_* variable: nothing ran
+        return TrialReport(
+            trial_id=spec.trial_id, attempt=spec.attempt, env=env, error=exc.detail()
+        )
+    return _report(spec, env, run)
+
+
+def _run(
+    spec: TrialSpec,
+    python: str,
+    gpu: GpuProbe | None,
+    on_sample: Callable[[Sample], None] | None,
+    on_start: Callable[[Kill], None] | None,
+) -> Execution:
+    """The script in a private working directory with its own HOME and TMPDIR."""
+    trial_user = identities().trial
+    with private_dir(trial_user, "leakbisect-trial-") as work:
+        home = private_subdir(work, "home", trial_user)
+        tmp = private_subdir(work, "tmp", trial_user)
+        env = allowed_env(home=home, tmpdir=tmp, variables=spec.variables)
+        script = work / Path(spec.script_name).name
         script.write_text(spec.script)
-        run = run_script(
-            env.python_executable,
+        give(script, trial_user)
+        return run_script(
+            python,
             script,
-            cwd=Path(work),
+            cwd=work,
             timeout_s=spec.timeout_s,
             memory_limit_bytes=spec.memory_limit_bytes,
             sample_hz=spec.sample_hz,
+            env=env,
             gpu=gpu,
             on_sample=on_sample,
-            on_start=None if on_start is None else (lambda pgid: on_start(GroupKill(pgid))),
+            on_start=on_start,
+            run_as=trial_user,
         )
+
+
+def _report(spec: TrialSpec, env: EnvResult, run: Execution) -> TrialReport:
+    steps = run.steps
+    if len(steps) > MAX_REPORT_SAMPLES:  # a marker per millisecond: keep the latest
+        steps = steps[-MAX_REPORT_SAMPLES:]
     return TrialReport(
         trial_id=spec.trial_id,
         attempt=spec.attempt,
@@ -110,32 +163,22 @@ def execute_trial(
         cap_method=run.cap_method,
         duration_s=run.duration_s,
         log_tail=run.log_tail,
-        samples=run.samples,
-        steps=run.steps,
+        samples=downsample(run.samples, MAX_REPORT_SAMPLES),
+        samples_taken=len(run.samples),
+        steps=steps,
         gpu_source=run.gpu_source,
         host_source=run.host_source,
+        error=run.error,
     )
 
 
 def _resolve(spec: TrialSpec, cache_dir: Path) -> TrialReport:
+    """A resolve trial: the pins of ``PKG==VER`` + requirements, or why there are none."""
     started = time.monotonic()
     try:
-        pins: list[str] | None = resolve_pins(spec.env, cache_dir=cache_dir)
-        env = EnvResult(ok=True)
+        pins = resolve_pins(spec.env, cache_dir=cache_dir)
     except EnvError as exc:
-        pins, env = None, EnvResult(ok=False, error=str(exc))
-    env.seconds = round(time.monotonic() - started, 3)
+        env = EnvResult(ok=False, error=str(exc), seconds=round(time.monotonic() - started, 3))
+        return TrialReport(trial_id=spec.trial_id, attempt=spec.attempt, env=env)
+    env = EnvResult(ok=True, seconds=round(time.monotonic() - started, 3))
     return TrialReport(trial_id=spec.trial_id, attempt=spec.attempt, env=env, pins=pins)
-
-
-class GroupKill:
-    """Kills a local trial's process group; ``pgid`` says which (logs and tests read it)."""
-
-    def __init__(self, pgid: int) -> None:
-        self.pgid = pgid
-
-    def __call__(self) -> None:
-        if self.pgid == os.getpgrp():  # never our own group
-            return
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(self.pgid, signal.SIGKILL)

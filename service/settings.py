@@ -10,6 +10,8 @@ from typing import Annotated, Any
 from pydantic import Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
+from runners.sandbox import cache_home, uv_cache_dir
+
 
 def _data_home() -> Path:
     base = os.environ.get("XDG_DATA_HOME") or Path.home() / ".local" / "share"
@@ -17,8 +19,9 @@ def _data_home() -> Path:
 
 
 def _cache_home() -> Path:
-    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
-    return Path(base) / "leakbisect"
+    # One definition with the runners': $XDG_CACHE_HOME/leakbisect, for root
+    # /var/cache/leakbisect (the trial and build users cannot enter /root), else ~/.cache.
+    return cache_home()
 
 
 TOKEN_NAME = re.compile(r"[A-Za-z0-9_.-]{1,64}")
@@ -56,6 +59,7 @@ Tokens = Annotated[list[SecretStr], NoDecode]
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="BISECT_", extra="ignore")
 
+    # Factories, not values: the XDG variables are read when Settings are made, not at import.
     data_dir: Path = Field(default_factory=_data_home)
     # Environments and the shared uv cache live together so uv can hard-link.
     cache_dir: Path = Field(default_factory=_cache_home)
@@ -123,7 +127,7 @@ class Settings(BaseSettings):
     @property
     def uv_cache_dir(self) -> Path:
         # A user's own UV_CACHE_DIR wins: sharing it makes cold builds warm.
-        return Path(os.environ.get("UV_CACHE_DIR") or self.cache_dir / "uv")
+        return uv_cache_dir(self.cache_dir)
 
 
 @lru_cache

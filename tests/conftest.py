@@ -1,8 +1,11 @@
-"""Shared fixtures: the offline fixture index and a uv cache kept for the whole session."""
+"""Shared fixtures: the offline fixture index, a uv cache kept for the whole session, and
+directories the trial and build users can reach."""
 
 import os
+import shutil
+import tempfile
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -24,9 +27,62 @@ def fixture_index(fixture_wheels: Path) -> Iterator[str]:
 
 
 @pytest.fixture(scope="session")
-def uv_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
+def reachable_root() -> Iterator[Path]:
+    """A directory every user can enter (mode 0755 under /tmp), removed after the session.
+
+    pytest's own temporary directories (/tmp/pytest-of-root/..., mode 0700) cannot be
+    entered by the trial and build users the runner drops to when it runs as root, so
+    environment roots, uv caches and other paths those users must reach live here.
+    """
+    root = Path(tempfile.mkdtemp(prefix="leakbisect-tests-"))
+    root.chmod(0o755)
+    try:
+        yield root
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def reachable_dir(reachable_root: Path) -> Callable[[str], Path]:
+    """``reachable_dir("name")``: a new empty 0755 directory under `reachable_root`."""
+
+    def make(name: str) -> Path:
+        path = Path(tempfile.mkdtemp(prefix=f"{name}-", dir=reachable_root))
+        path.chmod(0o755)
+        return path
+
+    return make
+
+
+@pytest.fixture
+def reachable_tmp(reachable_dir: Callable[[str], Path], request: pytest.FixtureRequest) -> Path:
+    """Like `tmp_path`, but reachable by the trial and build users."""
+    return reachable_dir(request.node.name[:40].replace("/", "-"))
+
+
+@pytest.fixture(scope="session")
+def uv_cache(reachable_dir: Callable[[str], Path]) -> Path:
     """One uv cache for the session, like a runner's; tests never touch the user's."""
-    return tmp_path_factory.mktemp("uv-cache")
+    return reachable_dir("uv-cache")
+
+
+@pytest.fixture
+def trial_dir() -> Iterator[Path]:
+    """A private working directory as `execute_trial` makes one: 0700, owned by the trial
+    user when the tests run as root; removed after the test."""
+    from runners.sandbox import private_dir
+    from runners.users import identities
+
+    with private_dir(identities().trial, "leakbisect-test-trial-") as work:
+        yield work
+
+
+@pytest.fixture(scope="session")
+def trial_python() -> str:
+    """An interpreter the trial user can run (as root, not pyenv's under /root)."""
+    from runners.envs import find_python
+
+    return find_python(None)
 
 
 PG_ADMIN_URL = os.environ.get(

@@ -159,10 +159,10 @@ def test_parse_labels() -> None:
 
 
 def test_stale_heartbeat_kills_the_trial(
-    client: ApiClient, fixture_index: str, tmp_path: Path, uv_cache: Path
+    client: ApiClient, fixture_index: str, reachable_tmp: Path, uv_cache: Path
 ) -> None:
     job_id = submit(client, fixture_index, SLEEPER)
-    with AgentThread(client, tmp_path, uv_cache) as at:
+    with AgentThread(client, reachable_tmp, uv_cache) as at:
         running = wait_until(
             lambda: at.agent.current is not None and at.agent.current.pgid is not None,
             60,
@@ -188,11 +188,11 @@ def test_stale_heartbeat_kills_the_trial(
 
 
 def test_stop_gives_the_lease_back(
-    client: ApiClient, fixture_index: str, tmp_path: Path, uv_cache: Path
+    client: ApiClient, fixture_index: str, reachable_tmp: Path, uv_cache: Path
 ) -> None:
     job_id = submit(client, fixture_index, SLEEPER)
     try:
-        with AgentThread(client, tmp_path, uv_cache, grace_s=0.5) as at:
+        with AgentThread(client, reachable_tmp, uv_cache, grace_s=0.5) as at:
             wait_until(
                 lambda: at.agent.current is not None and at.agent.current.pgid is not None,
                 60,
@@ -213,11 +213,11 @@ def test_stop_gives_the_lease_back(
 
 
 def test_trial_finishing_within_grace_is_reported(
-    client: ApiClient, fixture_index: str, tmp_path: Path, uv_cache: Path
+    client: ApiClient, fixture_index: str, reachable_tmp: Path, uv_cache: Path
 ) -> None:
     job_id = submit(client, fixture_index, REPRO, range_="1.0.5..1.0.6")
     try:
-        with AgentThread(client, tmp_path, uv_cache, grace_s=30) as at:
+        with AgentThread(client, reachable_tmp, uv_cache, grace_s=30) as at:
             wait_until(
                 lambda: at.agent.current is not None and at.agent.current.spec.kind == "run",
                 60,
@@ -236,8 +236,8 @@ def test_trial_finishing_within_grace_is_reported(
         client.cancel(job_id)
 
 
-def test_idle_stop_is_prompt(client: ApiClient, tmp_path: Path, uv_cache: Path) -> None:
-    with AgentThread(client, tmp_path, uv_cache) as at:
+def test_idle_stop_is_prompt(client: ApiClient, reachable_tmp: Path, uv_cache: Path) -> None:
+    with AgentThread(client, reachable_tmp, uv_cache) as at:
         wait_until(lambda: at.saw("registered as"), 10, "registration")
         time.sleep(0.3)  # inside a long poll now
         t0 = time.monotonic()
@@ -248,13 +248,18 @@ def test_idle_stop_is_prompt(client: ApiClient, tmp_path: Path, uv_cache: Path) 
 
 
 def test_sigterm_to_the_runner_command_returns_the_lease(
-    server: str, client: ApiClient, fixture_index: str, tmp_path: Path, uv_cache: Path
+    server: str,
+    client: ApiClient,
+    fixture_index: str,
+    tmp_path: Path,
+    reachable_tmp: Path,
+    uv_cache: Path,
 ) -> None:
     job_id = submit(client, fixture_index, SLEEPER)
     env = {
         **os.environ,
         "XDG_DATA_HOME": str(tmp_path / "data"),
-        "XDG_CACHE_HOME": str(tmp_path / "cache"),
+        "XDG_CACHE_HOME": str(reachable_tmp / "cache"),
         "UV_CACHE_DIR": str(uv_cache),
     }
     log = tmp_path / "runner.log"

@@ -12,9 +12,12 @@ REPRO = str(Path(__file__).resolve().parents[1] / "service" / "example" / "repro
 
 
 @pytest.fixture
-def invoke(tmp_path: Path, fixture_index: str, monkeypatch: pytest.MonkeyPatch):
+def invoke(
+    tmp_path: Path, reachable_tmp: Path, fixture_index: str, monkeypatch: pytest.MonkeyPatch
+):
     monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path / "data"))
-    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    # Environments must be reachable by the build and trial users (the runner checks first).
+    monkeypatch.setenv("XDG_CACHE_HOME", str(reachable_tmp / "cache"))
     from service.settings import get_settings
 
     get_settings.cache_clear()

@@ -135,13 +135,14 @@ class Service:
             return None
 
 
-def make_env(home: Path, uv_cache: Path, **extra: str) -> dict[str, str]:
+def make_env(home: Path, cache: Path, uv_cache: Path, **extra: str) -> dict[str, str]:
+    """`cache` (environments) must be reachable by the trial and build users."""
     env = {
         k: v for k, v in os.environ.items() if not k.startswith("BISECT_") and k != "UV_CACHE_DIR"
     }
     env.update(
         XDG_DATA_HOME=str(home / "data"),
-        XDG_CACHE_HOME=str(home / "cache"),
+        XDG_CACHE_HOME=str(cache),
         UV_CACHE_DIR=str(uv_cache),
         BISECT_HEARTBEAT_S="1",
         BISECT_REAP_INTERVAL_S="0.5",
@@ -164,9 +165,11 @@ def leased_trial(client: ApiClient, job_id: int) -> dict[str, Any] | None:
 
 
 @pytest.fixture(scope="module")
-def service(tmp_path_factory: pytest.TempPathFactory, uv_cache: Path) -> Iterator[Service]:
+def service(
+    tmp_path_factory: pytest.TempPathFactory, reachable_dir, uv_cache: Path
+) -> Iterator[Service]:
     home = tmp_path_factory.mktemp("service")
-    svc = Service(home, make_env(home, uv_cache))
+    svc = Service(home, make_env(home, reachable_dir("service-cache"), uv_cache))
     svc.start_serve(f"sqlite:///{home / 'service.db'}")
     svc.start_runner("runner-a")
     svc.start_runner("runner-b")
@@ -338,9 +341,9 @@ def test_bad_input_is_one_line(service: Service, fixture_index: str, tmp_path: P
 
 
 def test_runner_death_relets_the_trial_on_postgres(
-    tmp_path: Path, uv_cache: Path, fixture_index: str, pg_url: str
+    tmp_path: Path, reachable_tmp: Path, uv_cache: Path, fixture_index: str, pg_url: str
 ) -> None:
-    svc = Service(tmp_path, make_env(tmp_path, uv_cache))
+    svc = Service(tmp_path, make_env(tmp_path, reachable_tmp, uv_cache))
     svc.start_serve(pg_url, BISECT_LEASE_S="3")
     submit: subprocess.Popen | None = None
     try:
@@ -384,9 +387,9 @@ def worker_pids(pid: int) -> set[int]:
 
 
 def test_serve_two_workers_on_postgres(
-    tmp_path: Path, uv_cache: Path, fixture_index: str, pg_url: str
+    tmp_path: Path, reachable_tmp: Path, uv_cache: Path, fixture_index: str, pg_url: str
 ) -> None:
-    svc = Service(tmp_path, make_env(tmp_path, uv_cache))
+    svc = Service(tmp_path, make_env(tmp_path, reachable_tmp, uv_cache))
     svc.start_serve(pg_url, "--workers", "2")
     assert svc.serve is not None
     try:

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from runners import envs
+from runners import envs, uvrun
 from runners.envs import EnvError, build_env, find_python, freeze_diff, resolve_pins, spec_hash
 from runners.wire import EnvSpec
 from service.example.fixture import FixtureSpec, build_fixture
@@ -60,13 +60,13 @@ def index_url(tmp_path_factory: pytest.TempPathFactory):
 
 
 @pytest.fixture(scope="session")
-def cache_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return tmp_path_factory.mktemp("uv-cache")
+def cache_dir(reachable_dir) -> Path:
+    return reachable_dir("uv-cache")
 
 
 @pytest.fixture
-def build(tmp_path: Path, cache_dir: Path, index_url: str):
-    root = tmp_path / "envs"
+def build(reachable_tmp: Path, cache_dir: Path, index_url: str):
+    root = reachable_tmp / "envs"
 
     def _build(version: str = "1.0.2", **kw):
         kw.setdefault("index_url", index_url)
@@ -124,7 +124,7 @@ def test_half_built_env_is_removed_and_rebuilt(build) -> None:
 def test_changed_env_is_rebuilt(build) -> None:
     first = build("1.0.2")
     subprocess.run(
-        [envs._uv(), "pip", "uninstall", "--python", first.python_executable, "leakyfixture"],
+        [envs.uv_bin(), "pip", "uninstall", "--python", first.python_executable, "leakyfixture"],
         capture_output=True, check=True,
     )  # fmt: skip
     again = build("1.0.2")
@@ -219,14 +219,14 @@ def test_uv_env_passes_tls_settings(tmp_path: Path, monkeypatch: pytest.MonkeyPa
     monkeypatch.setenv("UV_NATIVE_TLS", "1")
     monkeypatch.setenv("UV_PYTHON", "3.8")
     monkeypatch.setenv("VIRTUAL_ENV", str(tmp_path))
-    env = envs._uv_env(tmp_path / "cache", link_from=tmp_path)
+    env = uvrun.uv_env(tmp_path / "cache", link_from=tmp_path)
     assert env["SSL_CERT_FILE"] == "/etc/ssl/certs/ca-certificates.crt"
     assert env["UV_NATIVE_TLS"] == "1"
     assert "UV_PYTHON" not in env and "VIRTUAL_ENV" not in env
     assert env["UV_CACHE_DIR"] == str(tmp_path / "cache")
     assert env["UV_PYTHON_DOWNLOADS"] == "never"
     (tmp_path / "cache").mkdir()
-    assert envs._uv_env(tmp_path / "cache", link_from=tmp_path)["UV_LINK_MODE"] == "hardlink"
+    assert uvrun.uv_env(tmp_path / "cache", link_from=tmp_path)["UV_LINK_MODE"] == "hardlink"
 
 
 def test_spec_hash_covers_the_whole_spec() -> None:
@@ -332,5 +332,5 @@ def test_errors_are_trimmed() -> None:
         ["Using Python 3.11.7 environment at: /x", "Resolved 3 packages in 1ms", ""]
         + [f"  cause: line {i}" for i in range(40)]
     )
-    trimmed = envs._meaningful(stderr)
+    trimmed = uvrun.meaningful(stderr)
     assert trimmed.splitlines() == [f"  cause: line {i}" for i in range(20, 40)]

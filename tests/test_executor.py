@@ -8,17 +8,28 @@ import time
 from pathlib import Path
 
 import psutil
+import pytest
 
 from runners import limits
 from runners.executor import run_script
 from runners.markers import STEP_MARKER, parse_marker
 
 MiB = 2**20
-PY = sys.executable
 
 
-def write(tmp_path: Path, code: str, name: str = "repro.py") -> Path:
-    p = tmp_path / name
+@pytest.fixture(autouse=True)
+def py(trial_python: str) -> str:
+    """The interpreter scripts run with: one the trial user can run when tests run as root."""
+    global PY
+    PY = trial_python
+    return PY
+
+
+PY = sys.executable  # replaced by the fixture above before each test
+
+
+def write(trial_dir: Path, code: str, name: str = "repro.py") -> Path:
+    p = trial_dir / name
     p.write_text(textwrap.dedent(code))
     return p
 
@@ -43,9 +54,9 @@ def expected_cgroup_method() -> str | None:
     return "watchdog"
 
 
-def test_growing_script_sampled_with_numbered_steps(tmp_path):
+def test_growing_script_sampled_with_numbered_steps(trial_dir):
     script = write(
-        tmp_path,
+        trial_dir,
         """
         import time
         from runners.markers import step
@@ -67,7 +78,7 @@ def test_growing_script_sampled_with_numbered_steps(tmp_path):
     ex = run_script(
         PY,
         script,
-        cwd=tmp_path,
+        cwd=trial_dir,
         timeout_s=30,
         memory_limit_bytes=1024 * MiB,
         env=env,
@@ -92,9 +103,9 @@ def test_growing_script_sampled_with_numbered_steps(tmp_path):
     assert ex.duration_s >= 0.8
 
 
-def test_unnumbered_markers_are_counted(tmp_path):
+def test_unnumbered_markers_are_counted(trial_dir):
     script = write(
-        tmp_path,
+        trial_dir,
         f"""
         print({STEP_MARKER!r}, flush=True)
         print({STEP_MARKER!r} + " not-a-number", flush=True)
@@ -104,7 +115,7 @@ def test_unnumbered_markers_are_counted(tmp_path):
         print("  " + {STEP_MARKER!r})  # not at the start of the line: ordinary output
         """,
     )
-    ex = run_script(PY, script, cwd=tmp_path, timeout_s=30, memory_limit_bytes=512 * MiB)
+    ex = run_script(PY, script, cwd=trial_dir, timeout_s=30, memory_limit_bytes=512 * MiB)
     assert [s for _, s in ex.steps] == [1, 2, 10, 11]
     assert ex.log_tail.splitlines() == ["text", "  " + STEP_MARKER]
 
@@ -115,16 +126,16 @@ def test_parse_marker():
     assert parse_marker("step 7") == (False, None)
 
 
-def test_exit_125_passed_through(tmp_path):
-    script = write(tmp_path, "import sys; print('cannot test'); sys.exit(125)")
-    ex = run_script(PY, script, cwd=tmp_path, timeout_s=30, memory_limit_bytes=512 * MiB)
+def test_exit_125_passed_through(trial_dir):
+    script = write(trial_dir, "import sys; print('cannot test'); sys.exit(125)")
+    ex = run_script(PY, script, cwd=trial_dir, timeout_s=30, memory_limit_bytes=512 * MiB)
     assert ex.exit_code == 125
     assert not ex.oom_killed and not ex.timed_out
 
 
-def test_crash_keeps_stderr_tail(tmp_path):
+def test_crash_keeps_stderr_tail(trial_dir):
     script = write(
-        tmp_path,
+        trial_dir,
         """
         import sys
         for i in range(400):
@@ -135,7 +146,7 @@ def test_crash_keeps_stderr_tail(tmp_path):
         f()
         """,
     )
-    ex = run_script(PY, script, cwd=tmp_path, timeout_s=30, memory_limit_bytes=512 * MiB)
+    ex = run_script(PY, script, cwd=trial_dir, timeout_s=30, memory_limit_bytes=512 * MiB)
     assert ex.exit_code == 1
     assert ex.oom_killed is False
     assert "ValueError: boom in the repro" in ex.stderr_tail
@@ -144,9 +155,9 @@ def test_crash_keeps_stderr_tail(tmp_path):
     assert len(ex.log_tail) <= 4200
 
 
-def test_exit_3_with_traceback(tmp_path):
+def test_exit_3_with_traceback(trial_dir):
     script = write(
-        tmp_path,
+        trial_dir,
         """
         import sys, traceback
         try:
@@ -156,16 +167,16 @@ def test_exit_3_with_traceback(tmp_path):
             sys.exit(3)
         """,
     )
-    ex = run_script(PY, script, cwd=tmp_path, timeout_s=30, memory_limit_bytes=512 * MiB)
+    ex = run_script(PY, script, cwd=trial_dir, timeout_s=30, memory_limit_bytes=512 * MiB)
     assert (ex.exit_code, ex.oom_killed, ex.timed_out) == (3, False, False)
     assert "KeyError: 'missing'" in ex.stderr_tail
     assert "KeyError: 'missing'" in ex.log_tail
 
 
-def test_timeout_kills_the_whole_tree(tmp_path):
-    pids = tmp_path / "pids"
+def test_timeout_kills_the_whole_tree(trial_dir):
+    pids = trial_dir / "pids"
     script = write(
-        tmp_path,
+        trial_dir,
         f"""
         import os, subprocess, sys, time
         g = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
@@ -174,7 +185,7 @@ def test_timeout_kills_the_whole_tree(tmp_path):
         """,
     )
     t = time.monotonic()
-    ex = run_script(PY, script, cwd=tmp_path, timeout_s=1.5, memory_limit_bytes=512 * MiB)
+    ex = run_script(PY, script, cwd=trial_dir, timeout_s=1.5, memory_limit_bytes=512 * MiB)
     assert time.monotonic() - t < 10
     assert ex.timed_out is True
     assert ex.exit_code == -9
@@ -193,22 +204,22 @@ while True:
 """
 
 
-def _machine_is_fine(tmp_path):
+def _machine_is_fine(trial_dir):
     assert psutil.virtual_memory().available > 2 * 2**30
     ok = run_script(
         PY,
-        write(tmp_path, "print('ok')", "ok.py"),
-        cwd=tmp_path,
+        write(trial_dir, "print('ok')", "ok.py"),
+        cwd=trial_dir,
         timeout_s=30,
         memory_limit_bytes=256 * MiB,
     )
     assert ok.exit_code == 0 and ok.log_tail == "ok\n"
 
 
-def test_runaway_leak_killed_by_the_cap(tmp_path):
+def test_runaway_leak_killed_by_the_cap(trial_dir):
     expected = expected_cgroup_method()
     ex = run_script(
-        PY, write(tmp_path, LEAK), cwd=tmp_path, timeout_s=30, memory_limit_bytes=150 * MiB
+        PY, write(trial_dir, LEAK), cwd=trial_dir, timeout_s=30, memory_limit_bytes=150 * MiB
     )
     if expected is not None:
         assert ex.cap_method == expected  # "cgroup-v1" on the development machine
@@ -226,14 +237,14 @@ def test_runaway_leak_killed_by_the_cap(tmp_path):
             assert not [
                 p for p in d.iterdir() if p.name.startswith(f"leakbisect-repro-{os.getpid()}-")
             ]
-    _machine_is_fine(tmp_path)
+    _machine_is_fine(trial_dir)
 
 
-def test_runaway_leak_killed_by_the_watchdog(tmp_path):
+def test_runaway_leak_killed_by_the_watchdog(trial_dir):
     ex = run_script(
         PY,
-        write(tmp_path, LEAK),
-        cwd=tmp_path,
+        write(trial_dir, LEAK),
+        cwd=trial_dir,
         timeout_s=30,
         memory_limit_bytes=150 * MiB,
         cap_method="watchdog",
@@ -243,12 +254,12 @@ def test_runaway_leak_killed_by_the_watchdog(tmp_path):
     assert ex.exit_code == -9
     assert ex.timed_out is False
     assert 150 * MiB < ex.peak_rss < 600 * MiB  # overshoot: one sample period of leaking
-    _machine_is_fine(tmp_path)
+    _machine_is_fine(trial_dir)
 
 
-def test_four_process_tree_summed(tmp_path):
+def test_four_process_tree_summed(trial_dir):
     script = write(
-        tmp_path,
+        trial_dir,
         """
         import multiprocessing as mp, time
 
@@ -267,7 +278,7 @@ def test_four_process_tree_summed(tmp_path):
         """,
     )
     ex = run_script(
-        PY, script, cwd=tmp_path, timeout_s=30, memory_limit_bytes=1024 * MiB, sample_hz=20
+        PY, script, cwd=trial_dir, timeout_s=30, memory_limit_bytes=1024 * MiB, sample_hz=20
     )
     assert ex.exit_code == 0, ex.log_tail
     peak = max(s.rss for s in ex.samples)
@@ -277,9 +288,9 @@ def test_four_process_tree_summed(tmp_path):
     assert peak < 4 * 40 * MiB + 4 * 60 * MiB
 
 
-def test_default_cap_when_none(tmp_path):
+def test_default_cap_when_none(trial_dir):
     ex = run_script(
-        PY, write(tmp_path, "pass"), cwd=tmp_path, timeout_s=30, memory_limit_bytes=None
+        PY, write(trial_dir, "pass"), cwd=trial_dir, timeout_s=30, memory_limit_bytes=None
     )
     assert ex.exit_code == 0
     avail = psutil.virtual_memory().available
@@ -287,10 +298,10 @@ def test_default_cap_when_none(tmp_path):
     assert ex.cap_method in ("cgroup-v1", "cgroup-v2", "watchdog")
 
 
-def test_grandchild_left_behind_is_killed(tmp_path):
-    pids = tmp_path / "pids"
+def test_grandchild_left_behind_is_killed(trial_dir):
+    pids = trial_dir / "pids"
     script = write(
-        tmp_path,
+        trial_dir,
         f"""
         import subprocess, sys
         g = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"],
@@ -298,25 +309,25 @@ def test_grandchild_left_behind_is_killed(tmp_path):
         open({str(pids)!r}, "w").write(str(g.pid))
         """,
     )
-    ex = run_script(PY, script, cwd=tmp_path, timeout_s=30, memory_limit_bytes=512 * MiB)
+    ex = run_script(PY, script, cwd=trial_dir, timeout_s=30, memory_limit_bytes=512 * MiB)
     assert ex.exit_code == 0
     assert gone(int(pids.read_text()))
 
 
-def test_env_is_complete_environment(tmp_path):
+def test_env_is_complete_environment(trial_dir):
     script = write(
-        tmp_path, "import os; print(os.environ.get('ONLY'), os.environ.get('PYTHONUNBUFFERED'))"
+        trial_dir, "import os; print(os.environ.get('ONLY'), os.environ.get('PYTHONUNBUFFERED'))"
     )
     ex = run_script(
-        PY, script, cwd=tmp_path, timeout_s=30, memory_limit_bytes=256 * MiB, env={"ONLY": "yes"}
+        PY, script, cwd=trial_dir, timeout_s=30, memory_limit_bytes=256 * MiB, env={"ONLY": "yes"}
     )
     assert ex.log_tail == "yes 1\n"
 
 
-def test_script_dies_with_a_killed_runner(tmp_path: Path) -> None:
+def test_script_dies_with_a_killed_runner(trial_dir: Path) -> None:
     """A runner SIGKILLed mid-trial leaves no script running (PDEATHSIG)."""
-    pidfile = tmp_path / "script.pid"
-    script = tmp_path / "sleepy.py"
+    pidfile = trial_dir / "script.pid"
+    script = trial_dir / "sleepy.py"
     script.write_text(
         f"import os, time\nopen({str(pidfile)!r}, 'w').write(str(os.getpid()))\ntime.sleep(120)\n"
     )
@@ -325,7 +336,7 @@ def test_script_dies_with_a_killed_runner(tmp_path: Path) -> None:
             sys.executable,
             "-c",
             "import sys; from pathlib import Path; from runners.executor import run_script; "
-            f"run_script(sys.executable, Path({str(script)!r}), cwd=Path({str(tmp_path)!r}), "
+            f"run_script({PY!r}, Path({str(script)!r}), cwd=Path({str(trial_dir)!r}), "
             "timeout_s=120, memory_limit_bytes=None)",
         ],
         cwd=Path(__file__).resolve().parents[1],
@@ -341,3 +352,10 @@ def test_script_dies_with_a_killed_runner(tmp_path: Path) -> None:
     while psutil.pid_exists(child) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert not psutil.pid_exists(child)
+    # The killed runner could not remove its cgroups; the next trial on the machine does.
+    run_script(PY, write(trial_dir, "pass", "next.py"), cwd=trial_dir, timeout_s=30,
+               memory_limit_bytes=256 * MiB)  # fmt: skip
+    layout = limits.discover()
+    for d in (layout.v1_memory, layout.v1_pids, layout.v2):
+        if d is not None:
+            assert not list(d.glob(f"leakbisect-sleepy-{runner.pid}-*")), d

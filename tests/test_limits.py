@@ -43,6 +43,7 @@ V2_FILES = {
     "memory.peak": "0\n",
     "memory.events": "low 0\nhigh 0\nmax 0\noom 0\noom_kill 0\noom_group_kill 0\n",
 }
+V2_PIDS_FILES = {"pids.max": "max\n", "pids.current": "0\n", "pids.events": "max 0\n"}
 V1_FILES = {
     "cgroup.procs": "",
     "memory.limit_in_bytes": "9223372036854771712\n",
@@ -69,6 +70,16 @@ class FakeKernel:
         def write(path, value):
             if path.name in self.refuse:
                 raise OSError(self.refuse[path.name], os.strerror(self.refuse[path.name]))
+            if path.name == "cgroup.subtree_control":
+                # The kernel keeps a set: "+pids" adds to what is enabled, "-x" removes.
+                enabled = path.read_text().split()
+                for token in value.split():
+                    name = token[1:]
+                    if token[0] == "+" and name not in enabled:
+                        enabled.append(name)
+                    elif token[0] == "-" and name in enabled:
+                        enabled.remove(name)
+                value = " ".join(enabled)
             real_write(path, value)
 
         monkeypatch.setattr(limits, "_write", write)
@@ -78,10 +89,15 @@ class FakeKernel:
         parent = path.parent
         if (parent / "memory.limit_in_bytes").exists():  # v1: every child gets the files
             files = self.v1_files
-        elif "memory" in (parent / "cgroup.subtree_control").read_text():
-            files = self.v2_files  # v2: controller files only when enabled in the parent
-        else:
+        elif (parent / "pids.max").exists() or parent.name == "pids":  # the v1 pids tree
+            files = {"cgroup.procs": "", **V2_PIDS_FILES}
+        else:  # v2: controller files only for the controllers enabled in the parent
+            enabled = (parent / "cgroup.subtree_control").read_text().split()
             files = {"cgroup.procs": "", "cgroup.events": "populated 0\n"}
+            if "memory" in enabled:
+                files.update(self.v2_files)
+            if "pids" in enabled:
+                files.update(V2_PIDS_FILES)
         for name, text in files.items():
             (path / name).write_text(text)
 
@@ -150,9 +166,11 @@ def test_v2_creates_child_with_memory_max_and_reads_oom_kill(tmp_path, monkeypat
     assert cap.method == "cgroup-v2"
     assert cap.path.parent == own
     assert cap.path.name.startswith("leakbisect-trial-7-")
-    # The memory controller was enabled for children first.
-    assert (own / "cgroup.subtree_control").read_text() == "+memory"
+    # The memory (and pids) controllers were enabled for children first.
+    assert (own / "cgroup.subtree_control").read_text().split() == ["memory", "pids"]
     assert (cap.path / "memory.max").read_text() == str(150 * MiB)
+    assert (cap.path / "pids.max").read_text() == str(limits.DEFAULT_PIDS_LIMIT)
+    assert (cap.pids_path, cap.pids_limit) == (cap.path, limits.DEFAULT_PIDS_LIMIT)
     assert (cap.path / "memory.swap.max").read_text() == "0"
     assert (cap.path / "memory.oom.group").read_text() == "1"
 
@@ -246,6 +264,94 @@ def test_v1_without_swap_accounting(tmp_path, monkeypatch):
         assert any("swap" in n for n in cap.notes)
 
 
+def make_v1_pids(tmp_path: Path) -> Path:
+    """Add a v1 *pids* hierarchy to `make_v1_root`'s fake: mounted at /sys/fs/cgroup/pids."""
+    (tmp_path / "proc/self/cgroup").write_text(
+        "5:pids:/runner\n4:memory:/outer/runner\n3:cpu,cpuacct:/\n0::/\n"
+    )
+    (tmp_path / "proc/self/mountinfo").write_text(
+        V1_MOUNTINFO + "39 31 0:36 / /sys/fs/cgroup/pids rw,relatime - cgroup cgroup rw,pids\n"
+    )
+    own = tmp_path / "sys/fs/cgroup/pids/runner"
+    own.mkdir(parents=True)
+    for name, text in {"cgroup.procs": "", **V2_PIDS_FILES}.items():
+        (own / name).write_text(text)
+    return own
+
+
+def test_v1_fake_joins_memory_and_pids(tmp_path, monkeypatch):
+    FakeKernel(monkeypatch)
+    memory = make_v1_root(tmp_path)
+    pids = make_v1_pids(tmp_path)
+    assert discover(tmp_path).v1_pids == pids
+    cap = MemoryCap.create(150 * MiB, "t", root=tmp_path, pids_limit=100)
+    assert cap.method == "cgroup-v1"
+    assert cap.path.parent == memory and cap.pids_path.parent == pids
+    assert cap.path.name == cap.pids_path.name
+    assert (cap.pids_path / "pids.max").read_text() == "100"
+    assert cap.pids_limit == 100 and cap.dirs == [cap.path, cap.pids_path]
+    p = subprocess.Popen(["true"], preexec_fn=cap.preexec)
+    p.wait()
+    assert (cap.path / "cgroup.procs").read_text() == str(p.pid)
+    assert (cap.pids_path / "cgroup.procs").read_text() == str(p.pid)
+    assert cap.pids() == [p.pid] and cap.memory_pids() == {p.pid}
+    (cap.pids_path / "pids.events").write_text("max 7\n")
+    assert cap.forks_refused() == 7
+    for d in cap.dirs:
+        (d / "cgroup.procs").write_text("")  # the fake "kernel" drops the exited task
+    cap.close()
+    assert not cap.path.exists() and not cap.pids_path.exists()
+
+
+def test_v1_fake_without_pids_hierarchy_says_so(tmp_path, monkeypatch):
+    FakeKernel(monkeypatch)
+    make_v1_root(tmp_path)
+    with MemoryCap.create(150 * MiB, "t", root=tmp_path) as cap:
+        assert cap.method == "cgroup-v1"
+        assert (cap.pids_path, cap.pids_limit, cap.forks_refused()) == (None, None, None)
+        assert cap.notes[-1] == (
+            "no pids limit from cgroup v1 (no pids hierarchy): "
+            "forks are limited by RLIMIT_NPROC and the sampler"
+        )
+    with MemoryCap.create(150 * MiB, "t", root=tmp_path, pids_limit=None) as cap:
+        assert not any("no pids limit" in n for n in cap.notes), cap.notes
+
+
+def test_v2_fake_without_pids_controller_caps_memory_only(tmp_path, monkeypatch):
+    FakeKernel(monkeypatch)
+    own = make_v2_root(tmp_path, controllers="cpu io memory")
+    with MemoryCap.create(64 * MiB, "x", root=tmp_path) as cap:
+        assert cap.method == "cgroup-v2"
+        assert (own / "cgroup.subtree_control").read_text().split() == ["memory"]
+        assert not (cap.path / "pids.max").exists()
+        assert (cap.pids_path, cap.pids_limit) == (None, None)
+        assert cap.notes == [
+            f"no pids limit from {own} (pids controller not delegated): "
+            "forks are limited by RLIMIT_NPROC and the sampler"
+        ]
+
+
+def _dead_pid() -> int:
+    pid = 4_000_000  # above any pid_max but the largest: never a live process here
+    while psutil.pid_exists(pid):
+        pid += 1
+    return pid
+
+
+def test_stale_cgroups_of_dead_runners_are_removed(tmp_path, monkeypatch):
+    FakeKernel(monkeypatch)
+    own = make_v1_root(tmp_path)
+    stale = own / f"leakbisect-sleepy-{_dead_pid()}-1"
+    live = own / f"leakbisect-sleepy-{os.getpid()}-99"
+    other = own / "someone-elses"
+    for d in (stale, live, other):
+        d.mkdir()
+        (d / "cgroup.procs").write_text("")
+    with MemoryCap.create(64 * MiB, "t", root=tmp_path) as cap:
+        assert not stale.exists()
+        assert live.exists() and other.exists() and cap.path.exists()
+
+
 def test_watchdog_forced(tmp_path):
     cap = MemoryCap.create(64 * MiB, "w", method="watchdog", root=tmp_path)
     assert (cap.method, cap.path, cap.usage_bytes()) == ("watchdog", None, None)
@@ -309,6 +415,22 @@ def test_real_cgroup_kills_over_limit_and_cleans_up():
         assert cap.peak_bytes() <= 100 * MiB + MiB
         path = cap.path
     assert not path.exists()
+
+
+@needs_cgroup
+def test_real_v1_cgroup_has_a_pids_limit():
+    layout = discover()
+    if REAL != "cgroup-v1" or layout.v1_pids is None or not os.access(layout.v1_pids, os.W_OK):
+        pytest.skip("no writable v1 pids hierarchy here")
+    with MemoryCap.create(100 * MiB, "test-pids", pids_limit=32) as cap:
+        assert cap.pids_path.parent == layout.v1_pids
+        assert (cap.pids_path / "pids.max").read_text().strip() == "32"
+        p = subprocess.Popen(["sleep", "30"], preexec_fn=cap.preexec)
+        assert cap.pids() == [p.pid] and cap.memory_pids() == {p.pid}
+        assert cap.kill_all()
+        p.wait()
+        dirs = cap.dirs
+    assert not any(d.exists() for d in dirs)
 
 
 @needs_cgroup

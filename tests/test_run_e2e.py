@@ -39,8 +39,8 @@ def cli(
 
 
 @pytest.fixture(scope="module")
-def bisection(tmp_path_factory: pytest.TempPathFactory, fixture_index: str, uv_cache: Path):
-    home = tmp_path_factory.mktemp("home")
+def bisection(reachable_dir, fixture_index: str, uv_cache: Path):
+    home = reachable_dir("home")  # its cache/ holds environments the trial user runs
     db = home / "results.db"
     proc = cli(
         run_args("1.0.0..1.0.9", fixture_index, db),
@@ -132,12 +132,12 @@ def test_rows_written(bisection) -> None:
 
 
 def test_second_run_reuses_verdicts(
-    bisection, fixture_index: str, uv_cache: Path, tmp_path: Path
+    bisection, fixture_index: str, uv_cache: Path, reachable_tmp: Path
 ) -> None:
     """Same script, range, environment and classifier: judged candidates are not run again."""
     _, db = bisection
     args = run_args("1.0.0..1.0.9", fixture_index, db)
-    proc = cli(args, tmp_path, uv_cache)
+    proc = cli(args, reachable_tmp, uv_cache)
     assert proc.returncode == 0, proc.stderr
     report = json.loads(proc.stdout)
     assert (report["last_good"], report["first_bad"]) == ("1.0.5", "1.0.6")
@@ -147,10 +147,12 @@ def test_second_run_reuses_verdicts(
     assert "reused from job 1" in report["message"]
 
 
-def test_no_reuse_runs_again(bisection, fixture_index: str, uv_cache: Path, tmp_path: Path) -> None:
+def test_no_reuse_runs_again(
+    bisection, fixture_index: str, uv_cache: Path, reachable_tmp: Path
+) -> None:
     _, db = bisection
     args = run_args("1.0.5..1.0.6", fixture_index, db, "--no-reuse")
-    proc = cli(args, tmp_path, uv_cache)
+    proc = cli(args, reachable_tmp, uv_cache)
     assert proc.returncode == 0, proc.stderr
     report = json.loads(proc.stdout)
     assert (report["last_good"], report["first_bad"]) == ("1.0.5", "1.0.6")
@@ -159,19 +161,19 @@ def test_no_reuse_runs_again(bisection, fixture_index: str, uv_cache: Path, tmp_
 
 
 def test_threshold_above_the_leak_fails_the_bad_bound(
-    fixture_index: str, uv_cache: Path, tmp_path: Path
+    fixture_index: str, uv_cache: Path, reachable_tmp: Path
 ) -> None:
     """--min-growth is a job setting: 40 MiB of growth is no leak under a 500 MiB threshold."""
     args = run_args(
         "1.0.5..1.0.6",
         fixture_index,
-        tmp_path / "r.db",
+        reachable_tmp / "r.db",
         "--min-growth",
         "500",
         "--min-growth-fraction",
         "0.5",
     )
-    proc = cli(args, tmp_path, uv_cache)
+    proc = cli(args, reachable_tmp, uv_cache)
     assert proc.returncode == 3, proc.stderr
     report = json.loads(proc.stdout)
     assert report["status"] == "bounds_failed"
@@ -180,18 +182,21 @@ def test_threshold_above_the_leak_fails_the_bad_bound(
 
 
 def test_interrupt_cancels_the_job_and_kills_the_trial(
-    fixture_index: str, uv_cache: Path, tmp_path: Path
+    fixture_index: str, uv_cache: Path, reachable_tmp: Path
 ) -> None:
-    script = tmp_path / "slow.py"
-    pidfile = tmp_path / "child.pid"
+    script = reachable_tmp / "slow.py"
+    drop = reachable_tmp / "drop"  # where the script (run as the trial user) may write
+    drop.mkdir(mode=0o777)
+    drop.chmod(0o777)
+    pidfile = drop / "child.pid"
     script.write_text(
         f"import os, time\nopen({str(pidfile)!r}, 'w').write(str(os.getpid()))\ntime.sleep(120)\n"
     )
-    db = tmp_path / "r.db"
+    db = reachable_tmp / "r.db"
     env = {
         **os.environ,
-        "XDG_DATA_HOME": str(tmp_path / "data"),
-        "XDG_CACHE_HOME": str(tmp_path / "cache"),
+        "XDG_DATA_HOME": str(reachable_tmp / "data"),
+        "XDG_CACHE_HOME": str(reachable_tmp / "cache"),
         "UV_CACHE_DIR": str(uv_cache),
     }
     args = run_args("1.0.0..1.0.9", fixture_index, db, script=script)
@@ -215,16 +220,16 @@ def test_interrupt_cancels_the_job_and_kills_the_trial(
 
 
 def test_find_fix_finds_the_first_release_that_stops_leaking(
-    tmp_path: Path, uv_cache: Path
+    reachable_tmp: Path, uv_cache: Path
 ) -> None:
     from service.example.fixture import FixtureSpec, build_fixture
     from service.example.index import serve_index
 
     spec = FixtureSpec(first_leaking="1.0.2", fixed_in="1.0.7", yanked={}, foreign_only=None)
-    wheels = build_fixture(tmp_path / "wheels", spec)
+    wheels = build_fixture(reachable_tmp / "wheels", spec)
     with serve_index(wheels) as index:
-        args = run_args("1.0.2..1.0.9", index, tmp_path / "r.db", "--find-fix")
-        proc = cli(args, tmp_path, uv_cache)
+        args = run_args("1.0.2..1.0.9", index, reachable_tmp / "r.db", "--find-fix")
+        proc = cli(args, reachable_tmp, uv_cache)
     assert proc.returncode == 0, proc.stderr
     report = json.loads(proc.stdout)
     assert report["status"] == "found"

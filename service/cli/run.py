@@ -12,7 +12,7 @@ from sqlalchemy.engine import Engine
 from sqlmodel import Session
 
 from runners.envs import EnvError, find_python
-from runners.errors import LeakbisectError
+from runners.errors import LeakbisectError, Unavailable
 from runners.machine import describe_machine
 from runners.nvml import GpuProbe
 from runners.trial import LocalExecutor
@@ -87,7 +87,14 @@ def _create(session: Session, request: JobCreate, gpu: GpuProbe | None) -> Job:
         fail_with(exc)
 
 
-def _bisect(session: Session, job: Job, settings: Settings, gpu: GpuProbe | None) -> None:
+def _executor(settings: Settings, gpu: GpuProbe | None) -> LocalExecutor:
+    try:
+        return LocalExecutor(settings.env_root, settings.uv_cache_dir, gpu)
+    except Unavailable as exc:
+        fail(str(exc))
+
+
+def _bisect(session: Session, job: Job, executor: LocalExecutor) -> None:
     err = Console(stderr=True)
     candidates = store.candidates_of(session, job)
     with ExitStack() as stack:
@@ -99,7 +106,7 @@ def _bisect(session: Session, job: Job, settings: Settings, gpu: GpuProbe | None
             run_job(
                 session,
                 job,
-                executor=LocalExecutor(settings.env_root, settings.uv_cache_dir, gpu),
+                executor=executor,
                 progress=display,
             )
         except KeyboardInterrupt:
@@ -130,8 +137,9 @@ def run(
             options["range_"] = options.get("range_") or EXAMPLE_RANGE
         request = job_request(options, build=build_request)
         url = database_url or settings.effective_database_url
-        engine = _open_database(url)
         gpu = GpuProbe.open()
+        executor = _executor(settings, gpu)  # the sandbox users and directories, first
+        engine = _open_database(url)
         with Session(engine) as session:
             job = _create(session, request, gpu)
             if not json_:
@@ -139,7 +147,7 @@ def run(
                 Console(stderr=True).print(
                     f"job {job.id}: {count} candidates, results in {shown(url)}"
                 )
-            _bisect(session, job, settings, gpu)
+            _bisect(session, job, executor)
             candidates, trials = store.candidates_of(session, job), store.trials_of(session, job)
             report = build_report(job, candidates, trials)
             curves = {} if json_ else curves_for(session, report)

@@ -7,6 +7,7 @@ from typing import Annotated
 import typer
 
 from runners.agent import GRACE_S, Agent, default_name, parse_labels, stderr_log
+from runners.errors import Unavailable
 from runners.nvml import GpuProbe
 from runners.trial import LocalExecutor
 from service.cli.errors import fail
@@ -72,11 +73,15 @@ def runner(
     settings = get_settings()
     client = make_client(server, token, on_retry=log)
     gpu = GpuProbe.open()
+    try:  # the sandbox users and directories, before registering
+        executor = LocalExecutor(settings.env_root, settings.uv_cache_dir, gpu)
+    except Unavailable as exc:
+        fail(str(exc))
     agent = Agent(
         client,
         name or default_name(),
         parsed,
-        LocalExecutor(settings.env_root, settings.uv_cache_dir, gpu),
+        executor,
         gpu,
         grace_s=grace,
         log=log,

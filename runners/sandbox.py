@@ -1,0 +1,309 @@
+"""What untrusted code gets on a runner: its environment variables and its directories.
+
+Repro scripts and everything their requirements build are untrusted (docs/security.md).
+This module holds the rules every such process is started under; `runners.executor`
+(scripts) and `runners.envs` (every uv command) both use it.
+
+**The environment allowlist** (`allowed_env`): a child never inherits the runner's
+environment. It gets exactly
+
+* from the runner, where set: ``PATH``, ``LANG``, ``LC_ALL``, ``TZ``, the CA bundle
+  variables (``SSL_CERT_FILE``, ``SSL_CERT_DIR``, ``REQUESTS_CA_BUNDLE``,
+  ``CURL_CA_BUNDLE``, ``UV_NATIVE_TLS``) and ``CUDA_VISIBLE_DEVICES`` /
+  ``NVIDIA_VISIBLE_DEVICES``;
+* for uv commands only (``uv=True``): the uv settings that say how to reach an index
+  (TLS, credentials, timeouts, offline: `UV_PASSTHROUGH`); every other ``UV_*`` is
+  dropped so that the spec alone decides what an environment contains;
+* ``HOME`` (a private per-trial or per-build directory), ``TMPDIR`` when given,
+  ``PYTHONUNBUFFERED=1`` (step markers arrive on time);
+* the job's own declared variables (scripts only: they are not part of the environment
+  spec's hash, so builds never see them), then what the caller adds (uv's cache and
+  link mode).
+
+Nothing named ``BISECT_*`` is ever passed: the runner's token (``BISECT_RUNNER_TOKEN``),
+the database URL (``BISECT_DATABASE_URL``) and every other setting live under that
+prefix. A job variable with that prefix is refused (`InvalidInput`, field
+``variables``); the API validates variables otherwise, this module does not.
+
+**Directories.** `private_dir` makes a directory only its user can enter (0700, owned by
+the trial or build user) and removes it afterwards, whatever the code left in it.
+`shared_dir` prepares the environment root and the uv cache: owned by the build user,
+mode 0755, so the trial user can read and run the environments but not change them;
+it fails with one line naming the path that blocks and the fix.
+
+`become_subreaper` makes the runner process a child subreaper, the backstop behind the
+per-trial supervisor (`runners.shim`): should a supervisor die, the trial's orphans
+re-parent to the runner, whose clean-up kills and reaps them, instead of to init (and,
+as root, a reaper thread kills and reaps any child of the runner running as the trial
+or build user: `reap_orphans`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import re
+import shutil
+import signal
+import tempfile
+import threading
+import time
+from collections.abc import Collection, Iterator, Mapping
+from pathlib import Path
+
+from runners.errors import InvalidInput, Unavailable
+from runners.shim import children
+from runners.users import Identity, blocked_by
+
+log = logging.getLogger(__name__)
+
+PASSED = (
+    "PATH", "LANG", "LC_ALL", "TZ",
+    "SSL_CERT_FILE", "SSL_CERT_DIR", "REQUESTS_CA_BUNDLE", "CURL_CA_BUNDLE", "UV_NATIVE_TLS",
+    "CUDA_VISIBLE_DEVICES", "NVIDIA_VISIBLE_DEVICES",
+)  # fmt: skip
+# uv settings that only say how to reach an index (TLS, credentials, timeouts).
+UV_PASSTHROUGH = re.compile(
+    r"UV_(NATIVE_TLS|SYSTEM_CERTS|INSECURE_HOST|HTTP_TIMEOUT|HTTP_RETRIES|REQUEST_TIMEOUT"
+    r"|KEYRING_PROVIDER|OFFLINE|CONCURRENT_\w+|INDEX_\w+_(USERNAME|PASSWORD))"
+)
+RESERVED_PREFIX = "BISECT_"
+DEFAULT_PATH = "/usr/local/bin:/usr/bin:/bin"
+
+
+def check_variables(variables: Mapping[str, str]) -> dict[str, str]:
+    """The job's variables, refusing any ``BISECT_*`` name (the runner's own namespace)."""
+    for name in variables:
+        if name.upper().startswith(RESERVED_PREFIX):
+            raise InvalidInput(
+                f"{name} is reserved: names starting with {RESERVED_PREFIX} are the "
+                "runner's own settings and never reach a script",
+                field="variables",
+            )
+    return dict(variables)
+
+
+def allowed_env(
+    *,
+    home: Path,
+    variables: Mapping[str, str] | None = None,
+    uv: bool = False,
+    tmpdir: Path | None = None,
+    extra: Mapping[str, str] | None = None,
+    source: Mapping[str, str] | None = None,
+) -> dict[str, str]:
+    """The complete environment of an untrusted child (see the module docstring).
+
+    ``source`` is where the passed-through values come from (default: `os.environ`).
+    """
+    src = os.environ if source is None else source
+    env = {k: src[k] for k in PASSED if k in src}
+    if uv:
+        env.update({k: v for k, v in src.items() if UV_PASSTHROUGH.fullmatch(k)})
+    env.setdefault("PATH", DEFAULT_PATH)
+    env["HOME"] = str(home)
+    if tmpdir is not None:
+        env["TMPDIR"] = str(tmpdir)
+    env["PYTHONUNBUFFERED"] = "1"
+    env.update(check_variables(variables or {}))
+    env.update(extra or {})
+    return scrub(env)
+
+
+def scrub(env: Mapping[str, str]) -> dict[str, str]:
+    """`env` without anything named ``BISECT_*``: the last word on every child's environment."""
+    return {k: v for k, v in env.items() if not k.upper().startswith(RESERVED_PREFIX)}
+
+
+# --------------------------------------------------------------------------- directories
+
+
+def _chown(path: Path, who: Identity | None) -> None:
+    if who is not None:
+        os.chown(path, who.uid, who.gid)
+
+
+def _make_private(path: Path, who: Identity | None) -> Path:
+    path.mkdir(mode=0o700)
+    _chown(path, who)
+    path.chmod(0o700)
+    return path
+
+
+def remove_tree(path: Path) -> None:
+    """Remove what untrusted code left, even directories it made unreadable (as non-root)."""
+
+    def fix(_func: object, p: str, _exc: object) -> None:
+        with contextlib.suppress(OSError):
+            os.chmod(os.path.dirname(p), 0o700)
+            if os.path.isdir(p) and not os.path.islink(p):
+                os.chmod(p, 0o700)
+                shutil.rmtree(p, ignore_errors=True)
+            else:
+                os.unlink(p)
+
+    if path.exists() or path.is_symlink():
+        shutil.rmtree(path, onerror=fix)  # (onexc is 3.12+)
+
+
+@contextlib.contextmanager
+def private_dir(who: Identity | None, prefix: str) -> Iterator[Path]:
+    """A fresh directory under the system temp dir, 0700 and owned by `who`; removed after."""
+    top = Path(tempfile.mkdtemp(prefix=prefix))
+    try:
+        _chown(top, who)
+        yield top
+    finally:
+        remove_tree(top)
+
+
+def private_subdir(parent: Path, name: str, who: Identity | None) -> Path:
+    """``parent/name``, 0700 and owned by `who` (a trial's HOME or TMPDIR)."""
+    return _make_private(parent / name, who)
+
+
+def give(path: Path, who: Identity | None, mode: int = 0o600, text: str | None = None) -> Path:
+    """Hand a file to `who` (the trial's script): write `text` first when given."""
+    if text is not None:
+        path.write_text(text)
+    _chown(path, who)
+    path.chmod(mode)
+    return path
+
+
+def shared_dir(path: Path, owner: Identity | None, readers: list[Identity], what: str) -> Path:
+    """Make `path` a directory `owner` writes and `readers` read (0755); fail in one line.
+
+    A missing directory is created (parents as the runner, 0755), and so is an empty
+    one owned by someone else handed to `owner`; a populated one is never re-owned
+    behind the user's back: the error says which command fixes it.
+    """
+    path = Path(path)
+    if not path.exists():
+        path.parent.mkdir(parents=True, exist_ok=True, mode=0o755)
+        with contextlib.suppress(FileExistsError):
+            path.mkdir(mode=0o755)
+        _chown(path, owner)
+    elif (
+        owner is not None
+        and path.is_dir()
+        and path.stat().st_uid != owner.uid
+        and not any(path.iterdir())
+    ):
+        _chown(path, owner)
+        path.chmod(0o755)
+    _require(path, owner, "rwx", what, owner)
+    for reader in readers:
+        _require(path, reader, "rx", what, owner)
+    return path
+
+
+def _require(
+    path: Path, who: Identity | None, need: str, what: str, owner: Identity | None
+) -> None:
+    reason = blocked_by(path, who, need)
+    if reason is None:
+        return
+    if owner is not None and Path(reason.split(" is mode", 1)[0]) == path:
+        fix = f"run: chown -R {owner.name}: {path} && chmod 0755 {path}"
+    else:
+        fix = "choose a directory every user can reach (BISECT_CACHE_DIR, UV_CACHE_DIR)"
+    raise Unavailable(f"{what} {path} is not usable by {who}: {reason}; {fix}")
+
+
+# --------------------------------------------------------------------------- the subreaper
+
+_PR_SET_CHILD_SUBREAPER = 36
+_REAP_EVERY_S = 1.0
+_subreaper_lock = threading.Lock()
+_subreaper = False
+_reaped_uids: set[int] = set()
+
+
+def become_subreaper(sandbox_uids: Collection[int] = ()) -> bool:
+    """Make this process a child subreaper (once); False where the kernel cannot.
+
+    Orphans re-parented here would stay zombies, because nothing in the runner waits for
+    processes it did not start. ``sandbox_uids`` (the trial and build users, when the
+    runner is root) solves that for the ones that matter: the runner never starts a
+    process as those users itself (their processes run under a root supervisor), so a
+    direct child of the runner with one of those uids is an orphan of a dead supervisor;
+    a background thread kills and reaps such children every second.
+    """
+    global _subreaper
+    with _subreaper_lock:
+        new_uids = set(sandbox_uids) - _reaped_uids
+        if new_uids:
+            start = not _reaped_uids
+            _reaped_uids.update(new_uids)
+            if start:
+                threading.Thread(target=_reaper, name="orphan-reaper", daemon=True).start()
+        if _subreaper:
+            return True
+        try:
+            import ctypes
+
+            libc = ctypes.CDLL(None, use_errno=True)
+            _subreaper = libc.prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0
+        except (OSError, AttributeError):
+            _subreaper = False
+        return _subreaper
+
+
+def _real_uid(pid: int) -> int | None:
+    try:
+        with open(f"/proc/{pid}/status", "rb") as f:
+            for line in f:
+                if line.startswith(b"Uid:"):
+                    return int(line.split()[1])
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
+
+
+def reap_orphans(uids: Collection[int]) -> int:
+    """Kill and reap this process's direct children that run as one of `uids`."""
+    reaped = 0
+    for pid in children(os.getpid()):
+        if _real_uid(pid) not in uids:
+            continue
+        with contextlib.suppress(OSError):
+            os.kill(pid, signal.SIGKILL)
+        with contextlib.suppress(ChildProcessError):
+            os.waitpid(pid, 0)
+            reaped += 1
+    return reaped
+
+
+def _reaper() -> None:
+    while True:
+        time.sleep(_REAP_EVERY_S)
+        try:
+            reap_orphans(set(_reaped_uids))
+        except Exception:  # noqa: BLE001 - a backstop must never die
+            log.exception("orphan reaper")
+
+
+def cache_home() -> Path:
+    """Where environments and the uv cache live unless configured (``BISECT_CACHE_DIR``).
+
+    ``$XDG_CACHE_HOME/leakbisect`` when set; else, for root, ``/var/cache/leakbisect``:
+    root's own ``~/.cache`` is under /root (mode 0700 on most systems), which the trial
+    and build users cannot enter, so their environments could not run; else
+    ``~/.cache/leakbisect``.
+    """
+    xdg = os.environ.get("XDG_CACHE_HOME")
+    if xdg:
+        return Path(xdg) / "leakbisect"
+    if os.geteuid() == 0:
+        return Path("/var/cache/leakbisect")
+    return Path.home() / ".cache" / "leakbisect"
+
+
+def uv_cache_dir(home: Path | None = None) -> Path:
+    """The uv cache the builds share: ``$UV_CACHE_DIR`` when set (sharing the user's own
+    makes cold builds warm), else ``<cache home>/uv``. The one definition of it."""
+    if os.environ.get("UV_CACHE_DIR"):
+        return Path(os.environ["UV_CACHE_DIR"])
+    return (home if home is not None else cache_home()) / "uv"
