@@ -57,9 +57,11 @@ sys.path.insert(0, str(REPO))
 
 from sqlmodel import Session  # noqa: E402
 
+from runners.envs import find_python  # noqa: E402
+from runners.errors import LeakbisectError  # noqa: E402
 from runners.executor import run_script  # noqa: E402
 from runners.machine import describe_machine  # noqa: E402
-from runners.nvml import GpuProbe  # noqa: E402
+from runners.nvml import GpuProbe, open_probe  # noqa: E402
 from runners.sampler import Sampler  # noqa: E402
 from runners.trial import LocalExecutor  # noqa: E402
 from service.analysis import RunAnalysis, classify_run  # noqa: E402
@@ -146,13 +148,8 @@ class Report:
 
 def _open_probe(nvml: Any, exclusive: str) -> tuple[GpuProbe, bool] | None:
     """A probe, and whether the GPUs count as held exclusively (see --exclusive)."""
-    first = GpuProbe.open(nvml)
-    if first is None:
-        return None
-    held = first.listed_pids() == set() if exclusive == "auto" else exclusive == "yes"
-    first.close()
-    probe = GpuProbe.open(nvml, exclusive=held)
-    return (probe, held) if probe is not None else None
+    probe = open_probe(exclusive, nvml)
+    return (probe, probe.exclusive_indices is not None) if probe is not None else None
 
 
 @contextlib.contextmanager
@@ -221,7 +218,7 @@ def run_variant(backend: Backend, name: str, work: Path) -> tuple[Check, dict[st
     env = {**os.environ, **backend.env, VARIANT_ENV: name}
     t0 = time.monotonic()
     ex = run_script(
-        sys.executable, REPRO, cwd=work, timeout_s=600, memory_limit_bytes=None,
+        find_python(None), REPRO, cwd=work, timeout_s=600, memory_limit_bytes=None,
         env=env, gpu=backend.probe, name=f"gpu-check-{name}",
     )  # fmt: skip
     wall = time.monotonic() - t0
@@ -524,6 +521,8 @@ def main(argv: list[str] | None = None) -> int:
             stack.enter_context(tempfile.TemporaryDirectory(prefix="gpu-check-"))
         )
         work.mkdir(parents=True, exist_ok=True)
+        # Run as root, the trials build and run as the sandbox users: they must enter it.
+        work.chmod(0o755)
         backend_cm = (
             fake_backend(work, args.exclusive) if args.fake else real_backend(args.exclusive)
         )
@@ -533,7 +532,11 @@ def main(argv: list[str] | None = None) -> int:
                 "gpu_check: no NVIDIA GPU here: NVML found no driver or no device", file=sys.stderr
             )
             return 3
-        rep = run_checks(backend, work, uv_cache, command)
+        try:
+            rep = run_checks(backend, work, uv_cache, command)
+        except LeakbisectError as exc:  # e.g. a work directory the sandbox users cannot reach
+            print(f"gpu_check: {exc}", file=sys.stderr)
+            return 2
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(render(rep) + "\n")
     failed = [c.name for c in rep.checks if not c.ok]

@@ -338,8 +338,30 @@ class GpuProbe:
         self.close()
 
 
-def describe_unavailable() -> dict[str, Any]:
-    return {"available": False, "count": 0}
+EXCLUSIVE_MODES = ("auto", "yes", "no")
+
+
+def open_probe(
+    mode: str = "auto", nvml: ModuleType | Any | None = None, *, sharers: int = 1
+) -> GpuProbe | None:
+    """A probe for a runner; whether its GPUs count as held alone follows ``mode``.
+
+    ``yes``/``no`` say so outright. ``auto`` (the default) claims them only when
+    NVML lists no compute process on them at start and no other agent of this
+    process shares them (``sharers``): device-level memory is then a fair
+    figure for a trial whose per-process memory NVML cannot give. Judged once,
+    at start: a runner that shares its GPUs with later work should say ``no``.
+    """
+    if mode not in EXCLUSIVE_MODES:
+        raise ValueError(f"GPU exclusive mode {mode!r}: allowed are {', '.join(EXCLUSIVE_MODES)}")
+    first = GpuProbe.open(nvml)
+    if first is None or mode == "no":
+        return first
+    held = mode == "yes" or (sharers == 1 and first.listed_pids() == set())
+    if not held:
+        return first
+    first.close()
+    return GpuProbe.open(nvml, exclusive=True)
 
 
 def _shutdown(nvml: Any) -> None:

@@ -9,8 +9,8 @@ environment. It gets exactly
 
 * from the runner, where set: ``PATH``, ``LANG``, ``LC_ALL``, ``TZ``, the CA bundle
   variables (``SSL_CERT_FILE``, ``SSL_CERT_DIR``, ``REQUESTS_CA_BUNDLE``,
-  ``CURL_CA_BUNDLE``, ``UV_NATIVE_TLS``) and ``CUDA_VISIBLE_DEVICES`` /
-  ``NVIDIA_VISIBLE_DEVICES``;
+  ``CURL_CA_BUNDLE``, ``UV_NATIVE_TLS``), ``CUDA_VISIBLE_DEVICES``, ``CUDA_DEVICE_ORDER`` and
+  ``NVIDIA_VISIBLE_DEVICES`` (which GPUs, in which order, the trial may use);
 * for uv commands only (``uv=True``): the uv settings that say how to reach an index
   (TLS, credentials, timeouts, offline: `UV_PASSTHROUGH`); every other ``UV_*`` is
   dropped so that the spec alone decides what an environment contains;
@@ -61,7 +61,7 @@ log = logging.getLogger(__name__)
 PASSED = (
     "PATH", "LANG", "LC_ALL", "TZ",
     "SSL_CERT_FILE", "SSL_CERT_DIR", "REQUESTS_CA_BUNDLE", "CURL_CA_BUNDLE", "UV_NATIVE_TLS",
-    "CUDA_VISIBLE_DEVICES", "NVIDIA_VISIBLE_DEVICES",
+    "CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER", "NVIDIA_VISIBLE_DEVICES",
 )  # fmt: skip
 # uv settings that only say how to reach an index (TLS, credentials, timeouts).
 UV_PASSTHROUGH = re.compile(

@@ -5,11 +5,12 @@ import os
 import re
 from functools import lru_cache
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
-from pydantic import Field, SecretStr, field_validator
+from pydantic import Field, SecretStr, ValidationError, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
+from runners.errors import InvalidInput
 from runners.sandbox import cache_home, uv_cache_dir
 
 
@@ -95,6 +96,9 @@ class Settings(BaseSettings):
     # any host at all when they are not (the API then listens on loopback only).
     allowed_indexes: Annotated[list[str], NoDecode] = Field(default_factory=list)
     index_max_bytes: int = Field(default=64 * 1024 * 1024, gt=0)
+    # Whether a runner's GPUs count as held by its trials alone, so that device-level
+    # memory may stand in where NVML gives no per-process figure (runners.nvml.open_probe).
+    gpu_exclusive: Literal["auto", "yes", "no"] = "auto"
 
     @field_validator("allowed_indexes", "trusted_hosts", mode="before")
     @classmethod
@@ -132,4 +136,11 @@ class Settings(BaseSettings):
 
 @lru_cache
 def get_settings() -> Settings:
-    return Settings()
+    """The settings from the environment; a bad value is an InvalidInput naming its variable."""
+    try:
+        return Settings()
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        name = "BISECT_" + str(first["loc"][0]).upper() if first.get("loc") else "BISECT_*"
+        text = str(first["msg"]).removeprefix("Value error, ")
+        raise InvalidInput(f"{name}: {text}") from None

@@ -1,6 +1,9 @@
 """Bad input to `bisect-cli run`: one line on stderr, exit 2, no traceback, nothing on stdout."""
 
 import importlib
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -134,3 +137,14 @@ def test_bisect_debug_shows_the_traceback(monkeypatch: pytest.MonkeyPatch) -> No
     monkeypatch.setattr("sys.argv", ["bisect-cli", "run", REPRO, "-p", "x", "--range", "1..2"])
     with pytest.raises(RuntimeError, match="boom"):
         service.cli.main()
+
+
+def test_a_bad_setting_is_one_line_naming_its_variable():
+    result = subprocess.run(
+        [sys.executable, "-m", "service.cli", "run"],
+        env={**os.environ, "BISECT_GPU_EXCLUSIVE": "maybe"},
+        capture_output=True,
+        text=True,
+    )
+    assert result.returncode == 2
+    assert result.stderr == "error: BISECT_GPU_EXCLUSIVE: Input should be 'auto', 'yes' or 'no'\n"

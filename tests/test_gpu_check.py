@@ -44,9 +44,10 @@ def gpu_check(*args: str, uv_cache: Path, timeout: float = 600) -> subprocess.Co
     )
 
 
-def test_fake_run_writes_every_verdict(tmp_path: Path, uv_cache: Path) -> None:
-    out = tmp_path / "gpu-check.md"
-    proc = gpu_check("--fake", "--out", str(out), "--work", str(tmp_path / "w"), uv_cache=uv_cache)
+def test_fake_run_writes_every_verdict(reachable_tmp: Path, uv_cache: Path) -> None:
+    out = reachable_tmp / "gpu-check.md"
+    work = reachable_tmp / "w"
+    proc = gpu_check("--fake", "--out", str(out), "--work", str(work), uv_cache=uv_cache)
     assert proc.returncode == 0, proc.stderr + proc.stdout
     assert proc.stdout == f"gpu_check: 6 of 6 checks passed; report: {out}\n"
     md = out.read_text()

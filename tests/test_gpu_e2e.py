@@ -11,7 +11,7 @@ import os
 import sqlite3
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -27,9 +27,9 @@ BAD = ("device-leak", "pinned-leak")
 
 
 @pytest.fixture(scope="module")
-def gpu_index(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Path]]:
+def gpu_index(reachable_dir: Callable[[str], Path]) -> Iterator[tuple[str, Path]]:
     """(index URL, directory of the FAKE libnvidia-ml) for the module."""
-    root = tmp_path_factory.mktemp("gpu-e2e")
+    root = reachable_dir("gpu-e2e")  # the trial user loads the FAKE libcuda from here
     cuda = build_fake_cuda(root / "cuda")
     nvml = build_fake_libnvml(root / "nvml", cuda.usage_dir, total_mib=cuda.total_mib)
     wheels = build_gpu_fixture(root / "wheels", GpuFixtureSpec(cuda_library=str(cuda.library)))
@@ -39,10 +39,10 @@ def gpu_index(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, P
 
 @pytest.fixture(scope="module")
 def bisection(
-    tmp_path_factory: pytest.TempPathFactory, gpu_index: tuple[str, Path], uv_cache: Path
+    reachable_dir: Callable[[str], Path], gpu_index: tuple[str, Path], uv_cache: Path
 ) -> tuple[subprocess.CompletedProcess[str], Path]:
     index, nvml_dir = gpu_index
-    home = tmp_path_factory.mktemp("home")
+    home = reachable_dir("home")
     db = home / "results.db"
     args = [
         "run", str(REPRO), "--package", "gpuleakfixture", "--range", "0.1.0..0.1.7",

@@ -42,13 +42,13 @@ def test_describes_the_gpu(backend: Backend) -> None:
 
 
 @pytest.mark.parametrize("variant", list(EXPECTED))
-def test_variant_judged_right(backend: Backend, variant: str, tmp_path: Path) -> None:
-    check, row = run_variant(backend, variant, tmp_path)
+def test_variant_judged_right(backend: Backend, variant: str, reachable_tmp: Path) -> None:
+    check, row = run_variant(backend, variant, reachable_tmp)
     assert row["gpu_source"] in ("process", "device"), row
     assert check.ok, f"{variant}: expected {check.expected}; got {check.got}: {row['reason']}"
 
 
-def test_fixture_index_bisected(backend: Backend, tmp_path: Path, uv_cache: Path) -> None:
-    check, facts = bisect_fixture(backend, tmp_path, uv_cache)
+def test_fixture_index_bisected(backend: Backend, reachable_tmp: Path, uv_cache: Path) -> None:
+    check, facts = bisect_fixture(backend, reachable_tmp, uv_cache)
     assert check.ok, f"expected {check.expected}; got {check.got}"
     assert all(source in ("process", "device") for _, source in facts["trials"])

@@ -7,12 +7,13 @@ driver publishes. Pinned host memory is real shared pages, so the host series is
 """
 
 import os
-import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
+from runners.envs import find_python
 from runners.executor import Execution, run_script
 from runners.nvml import GpuProbe
 from service.analysis import RunAnalysis, classify_run
@@ -26,8 +27,9 @@ CONTEXT = 64 * MiB
 
 
 @pytest.fixture(scope="module")
-def fake(tmp_path_factory: pytest.TempPathFactory) -> FakeCuda:
-    return build_fake_cuda(tmp_path_factory.mktemp("fake-cuda"), total_mib=4096, context_mib=64)
+def fake(reachable_dir: Callable[[str], Path]) -> FakeCuda:
+    # The script runs as the trial user when the tests run as root: it must load the library.
+    return build_fake_cuda(reachable_dir("fake-cuda"), total_mib=4096, context_mib=64)
 
 
 @dataclass
@@ -44,16 +46,16 @@ class Run:
 
 
 def run_variant(
-    fake: FakeCuda, tmp_path: Path, variant: str, *, exclusive: bool = False, unknown: bool = False
+    fake: FakeCuda, work: Path, variant: str, *, exclusive: bool = False, unknown: bool = False
 ) -> Run:
     nvml = FakeNvml.published(fake.usage_dir, total=fake.total_mib * MiB, unknown=unknown)
     probe = GpuProbe.open(nvml, exclusive=exclusive, devices="0")
     assert probe is not None
     env = {**os.environ, **fake.env(LEAKBISECT_GPU_VARIANT=variant)}
     ex = run_script(
-        sys.executable,
+        find_python(None),
         REPRO,
-        cwd=tmp_path,
+        cwd=work,
         timeout_s=120,
         memory_limit_bytes=2 * 2**30,
         env=env,
@@ -72,8 +74,8 @@ def run_variant(
     return Run(ex, r)
 
 
-def test_device_leak_is_a_leak_of_the_gpu_series(fake: FakeCuda, tmp_path: Path) -> None:
-    run = run_variant(fake, tmp_path, "device-leak")
+def test_device_leak_is_a_leak_of_the_gpu_series(fake: FakeCuda, trial_dir: Path) -> None:
+    run = run_variant(fake, trial_dir, "device-leak")
     assert run.ex.exit_code == 0 and run.ex.gpu_source == "process"
     assert run.r.verdict is Verdict.LEAK
     assert run.r.gpu is not None and run.r.gpu.verdict is Verdict.LEAK
@@ -84,8 +86,8 @@ def test_device_leak_is_a_leak_of_the_gpu_series(fake: FakeCuda, tmp_path: Path)
     assert 500 < run.r.gpu.growth_mib < 700
 
 
-def test_device_plateau_is_never_a_leak(fake: FakeCuda, tmp_path: Path) -> None:
-    run = run_variant(fake, tmp_path, "device-plateau")
+def test_device_plateau_is_never_a_leak(fake: FakeCuda, trial_dir: Path) -> None:
+    run = run_variant(fake, trial_dir, "device-plateau")
     assert run.ex.exit_code == 0
     assert run.r.verdict in (Verdict.CLEAN, Verdict.PLATEAU)
     assert run.r.gpu is not None and run.r.gpu.verdict in (Verdict.CLEAN, Verdict.PLATEAU)
@@ -93,8 +95,8 @@ def test_device_plateau_is_never_a_leak(fake: FakeCuda, tmp_path: Path) -> None:
     assert max(run.gpu_values()) == CONTEXT + 8 * 16 * MiB
 
 
-def test_pinned_leak_is_a_host_leak_in_shared_memory(fake: FakeCuda, tmp_path: Path) -> None:
-    run = run_variant(fake, tmp_path, "pinned-leak")
+def test_pinned_leak_is_a_host_leak_in_shared_memory(fake: FakeCuda, trial_dir: Path) -> None:
+    run = run_variant(fake, trial_dir, "pinned-leak")
     assert run.ex.exit_code == 0
     assert run.r.verdict is Verdict.LEAK
     assert run.r.host.verdict is Verdict.LEAK
@@ -107,8 +109,8 @@ def test_pinned_leak_is_a_host_leak_in_shared_memory(fake: FakeCuda, tmp_path: P
     assert last.shared is not None and last.anon is not None and last.shared > last.anon
 
 
-def test_pinned_reuse_with_spikes_is_not_a_leak(fake: FakeCuda, tmp_path: Path) -> None:
-    run = run_variant(fake, tmp_path, "pinned-reuse")
+def test_pinned_reuse_with_spikes_is_not_a_leak(fake: FakeCuda, trial_dir: Path) -> None:
+    run = run_variant(fake, trial_dir, "pinned-reuse")
     assert run.ex.exit_code == 0
     assert run.r.verdict in (Verdict.CLEAN, Verdict.PLATEAU)
     assert run.r.host.verdict in (Verdict.CLEAN, Verdict.PLATEAU)
@@ -116,8 +118,8 @@ def test_pinned_reuse_with_spikes_is_not_a_leak(fake: FakeCuda, tmp_path: Path) 
     assert run.shared_growth() >= 64 * MiB + 16 * MiB
 
 
-def test_oom_ending_is_a_leak(fake: FakeCuda, tmp_path: Path) -> None:
-    run = run_variant(fake, tmp_path, "oom")
+def test_oom_ending_is_a_leak(fake: FakeCuda, trial_dir: Path) -> None:
+    run = run_variant(fake, trial_dir, "oom")
     assert run.ex.exit_code == 1
     assert "CUDA_ERROR_OUT_OF_MEMORY (2) at step 49" in run.ex.log_tail
     assert run.r.verdict is Verdict.LEAK
@@ -125,19 +127,19 @@ def test_oom_ending_is_a_leak(fake: FakeCuda, tmp_path: Path) -> None:
     assert max(run.gpu_values()) == 4096 * MiB
 
 
-def test_device_level_series_when_held_alone(fake: FakeCuda, tmp_path: Path) -> None:
+def test_device_level_series_when_held_alone(fake: FakeCuda, trial_dir: Path) -> None:
     """NVML lists the pid without a figure: the exclusively held device's memory stands in."""
-    run = run_variant(fake, tmp_path, "device-leak", exclusive=True, unknown=True)
+    run = run_variant(fake, trial_dir, "device-leak", exclusive=True, unknown=True)
     assert run.ex.gpu_source == "device"
     assert run.r.verdict is Verdict.LEAK and run.r.gpu is not None
     assert run.r.gpu.verdict is Verdict.LEAK
 
 
 def test_unknown_per_process_memory_without_exclusivity_is_unavailable(
-    fake: FakeCuda, tmp_path: Path
+    fake: FakeCuda, trial_dir: Path
 ) -> None:
     """None means unknown, never zero: no GPU series at all, so the leak cannot be seen."""
-    run = run_variant(fake, tmp_path, "device-leak", unknown=True)
+    run = run_variant(fake, trial_dir, "device-leak", unknown=True)
     assert run.ex.gpu_source == "unavailable"
     assert run.gpu_values() == []
     assert run.r.gpu is None

@@ -2,7 +2,7 @@
 
 import pytest
 
-from runners.nvml import GpuProbe
+from runners.nvml import GpuProbe, open_probe
 from tests.fake_nvml import FakeDevice, FakeNvml, FakeProcess
 
 GiB = 2**30
@@ -215,3 +215,38 @@ def test_published_mode_reads_live_pids_only(tmp_path):
     assert fake.nvmlDeviceGetMemoryInfo(0).used == 300 * MiB
     unknown = GpuProbe.open(FakeNvml.published(tmp_path, total=4 * GiB, unknown=True))
     assert unknown.sample({os.getpid()}) == (None, "unavailable")
+
+
+# open_probe: how a runner decides that its GPUs are held by its trials alone.
+
+
+def idle_gpu() -> list[FakeDevice]:
+    return [FakeDevice(uuid="GPU-idle", used=512 * MiB)]
+
+
+def test_open_probe_auto_claims_an_idle_gpu():
+    probe = open_probe("auto", FakeNvml(idle_gpu()))
+    assert probe is not None and probe.exclusive_indices == [0]
+    # No per-process figure for the trial: the device's memory stands in, source "device".
+    assert probe.sample({4242}) == (512 * MiB, "device")
+
+
+def test_open_probe_auto_leaves_a_busy_gpu_shared():
+    probe = open_probe("auto", FakeNvml(two_gpus()))
+    assert probe is not None and probe.exclusive_indices is None
+    assert probe.sample({4242}) == (None, "unavailable")
+
+
+def test_open_probe_auto_leaves_a_gpu_shared_by_several_agents():
+    probe = open_probe("auto", FakeNvml(idle_gpu()), sharers=2)
+    assert probe is not None and probe.exclusive_indices is None
+
+
+def test_open_probe_yes_and_no_say_so_outright():
+    assert open_probe("yes", FakeNvml(two_gpus())).exclusive_indices == [0, 1]
+    assert open_probe("no", FakeNvml(idle_gpu())).exclusive_indices is None
+
+
+def test_open_probe_refuses_an_unknown_mode():
+    with pytest.raises(ValueError, match="GPU exclusive mode 'maybe': allowed are auto, yes, no"):
+        open_probe("maybe", FakeNvml(idle_gpu()))

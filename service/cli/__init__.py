@@ -2,8 +2,9 @@
 
 import typer
 
+from runners.errors import LeakbisectError
 from service.cli import db, jobs
-from service.cli.errors import internal
+from service.cli.errors import exit_status, internal
 from service.cli.run import run
 from service.cli.runner import runner
 from service.cli.serve import serve
@@ -35,5 +36,8 @@ def root() -> None:
 def main() -> None:
     try:
         app()
+    except LeakbisectError as exc:  # raised before a command could say it (bad BISECT_* settings)
+        typer.echo(f"error: {exc}", err=True)
+        raise SystemExit(exit_status(exc)) from None
     except Exception as exc:  # noqa: BLE001 - the last line of defence against a traceback
         internal(exc)

@@ -14,7 +14,7 @@ from sqlmodel import Session
 from runners.envs import EnvError, find_python
 from runners.errors import LeakbisectError, Unavailable
 from runners.machine import describe_machine
-from runners.nvml import GpuProbe
+from runners.nvml import GpuProbe, open_probe
 from runners.trial import LocalExecutor
 from service import store
 from service.cli.db import shown
@@ -137,7 +137,7 @@ def run(
             options["range_"] = options.get("range_") or EXAMPLE_RANGE
         request = job_request(options, build=build_request)
         url = database_url or settings.effective_database_url
-        gpu = GpuProbe.open()
+        gpu = open_probe(settings.gpu_exclusive)
         executor = _executor(settings, gpu)  # the sandbox users and directories, first
         engine = _open_database(url)
         with Session(engine) as session:

@@ -8,7 +8,7 @@ import typer
 
 from runners.agent import GRACE_S, Agent, default_name, parse_labels, stderr_log
 from runners.errors import Unavailable
-from runners.nvml import GpuProbe
+from runners.nvml import open_probe
 from runners.trial import LocalExecutor
 from service.cli.errors import fail
 from service.cli.remote import DEFAULT_SERVER, Server, api_errors, make_client
@@ -72,7 +72,7 @@ def runner(
     log = json_log if json_ else stderr_log
     settings = get_settings()
     client = make_client(server, token, on_retry=log)
-    gpu = GpuProbe.open()
+    gpu = open_probe(settings.gpu_exclusive)
     try:  # the sandbox users and directories, before registering
         executor = LocalExecutor(settings.env_root, settings.uv_cache_dir, gpu)
     except Unavailable as exc:

@@ -44,7 +44,7 @@ from uvicorn.supervisors import Multiprocess
 
 from runners.agent import GRACE_S, Agent, default_name, describe_capabilities, stderr_log
 from runners.client import ApiClient, ApiError, ApiUnreachable
-from runners.nvml import GpuProbe
+from runners.nvml import open_probe
 from runners.trial import LocalExecutor
 from runners.wire import API_PREFIX
 from service.cli.db import shown
@@ -273,7 +273,7 @@ def _start_runners(
     if runners == 0:
         return []
     token = settings.runner_tokens[0].get_secret_value() if settings.runner_tokens else None
-    gpu = GpuProbe.open()
+    gpu = open_probe(settings.gpu_exclusive, sharers=runners)
     capabilities = describe_capabilities(gpu)
     threads = []
     for i in range(1, runners + 1):
