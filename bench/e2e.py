@@ -165,25 +165,7 @@ def run(cfg: Config) -> dict[str, Any]:
                     if repeats > 1:
                         how += f" (run {j + 1} of {repeats})"
                     out["runs"].append({"repro": label, "how": how, **naive})
-    rows = []
-    for r in out["runs"]:
-        answer = r["answer"] or "none"
-        rows.append(
-            [r["repro"], r["how"], secs(r["wall_s"]), answer,
-             "yes" if r["right"] else ("no answer" if r["answer"] is None else "**wrong**"),
-             r["runs"], r["installs"], r.get("message") or r["status"]]
-        )  # fmt: skip
-    naive_rows = []
-    for r in out["runs"]:
-        if "deltas_kib" not in r:
-            continue
-        for v in versions:
-            if v in r["deltas_kib"]:
-                d = r["deltas_kib"][v]
-                call = "leak" if d > NAIVE_THRESHOLD_KIB else "clean"
-                naive_rows.append([r["repro"], r["how"], v, f"{d / 1024:.1f}", call])
-            elif v in r["skipped"]:
-                naive_rows.append([r["repro"], r["how"], v, "n/a", "cannot install, skipped"])
+    rows, naive_rows = _result_rows(out["runs"]), _naive_rows(out["runs"], versions)
     out["tables"] = [
         table(
             f"Finding the first bad release of leakyfixture 1.0.0..1.0.9 (truth: {EXPECTED})",
@@ -282,3 +264,29 @@ def notes(res: dict[str, Any]) -> list[str]:
             "spike is still held: " + "; ".join(parts) + "." + why
         )
     return out
+
+
+def _result_rows(runs: list[dict[str, Any]]) -> list[list[Any]]:
+    rows = []
+    for r in runs:
+        answer = r["answer"] or "none"
+        rows.append(
+            [r["repro"], r["how"], secs(r["wall_s"]), answer,
+             "yes" if r["right"] else ("no answer" if r["answer"] is None else "**wrong**"),
+             r["runs"], r["installs"], r.get("message") or r["status"]]
+        )  # fmt: skip
+    return rows
+
+
+def _naive_rows(runs: list[dict[str, Any]], versions: list[str]) -> list[list[Any]]:
+    """What the naive loop saw per release (only its runs carry `deltas_kib`)."""
+    rows = []
+    for r in runs:
+        for v in versions if "deltas_kib" in r else ():
+            if v in r["deltas_kib"]:
+                d = r["deltas_kib"][v]
+                call = "leak" if d > NAIVE_THRESHOLD_KIB else "clean"
+                rows.append([r["repro"], r["how"], v, f"{d / 1024:.1f}", call])
+            elif v in r["skipped"]:
+                rows.append([r["repro"], r["how"], v, "n/a", "cannot install, skipped"])
+    return rows

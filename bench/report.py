@@ -10,6 +10,7 @@ from __future__ import annotations
 import importlib
 import json
 import math
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -215,120 +216,148 @@ PLOTS = {"classifier": plot_classifier, "bisection": plot_bisection, "envs": plo
 # ------------------------------------------------------------------------ headlines
 
 
-def headlines(results: dict[str, Any]) -> list[str]:
-    out = []
-    c = results.get("classifier")
-    if c:
-        f, d = c["worst_false_leak"], c["worst_detection"]
-        lab = c["labels"]
-        out.append(
-            f"**Classifier** ({c['traces_per_scenario']} traces per scenario, "
-            f"{c['min_run_length_min']:g}-minute runs): worst false-leak rate on a bounded "
-            f"scenario {100 * f['ours']:.1f} % for ours against "
-            + ", ".join(f"{100 * f[m]:.1f} % for {lab[m]}" for m in ("last_first", "peak", "ols"))
-            + f"; worst detection on a leak scenario {100 * d['ours']:.1f} % (ours) against "
-            + ", ".join(f"{100 * d[m]:.1f} %" for m in ("last_first", "peak", "ols"))
-            + "."
+def _classifier_lines(c: dict[str, Any]) -> list[str]:
+    out: list[str] = []
+    f, d = c["worst_false_leak"], c["worst_detection"]
+    lab = c["labels"]
+    out.append(
+        f"**Classifier** ({c['traces_per_scenario']} traces per scenario, "
+        f"{c['min_run_length_min']:g}-minute runs): worst false-leak rate on a bounded "
+        f"scenario {100 * f['ours']:.1f} % for ours against "
+        + ", ".join(f"{100 * f[m]:.1f} % for {lab[m]}" for m in ("last_first", "peak", "ols"))
+        + f"; worst detection on a leak scenario {100 * d['ours']:.1f} % (ours) against "
+        + ", ".join(f"{100 * d[m]:.1f} %" for m in ("last_first", "peak", "ols"))
+        + "."
+    )
+    mins = c["minimum_per_scenario"]
+    out.append(
+        f"**Minimum run length**: {c['min_run_length_min']:g} minutes"
+        + ("" if c["min_run_length_reached"] else " (95 % not reached on the grid)")
+        + " without step markers, set by the slow leak (0.5 % of baseline per minute); "
+        + "; ".join(
+            f"{s} {'not reached' if v is None else f'{v:g} min'}" for s, v in mins.items()
         )
-        mins = c["minimum_per_scenario"]
+        + "."
+    )
+    if c["misses"]:
+        out.append("**Targets missed by our classifier**: " + "; ".join(c["misses"]) + ".")
+    else:
         out.append(
-            f"**Minimum run length**: {c['min_run_length_min']:g} minutes"
-            + ("" if c["min_run_length_reached"] else " (95 % not reached on the grid)")
-            + " without step markers, set by the slow leak (0.5 % of baseline per minute); "
+            "**Targets**: all met at the minimum run length (false leak ≤ 1 % on every "
+            "bounded scenario, detection ≥ 95 % on every leak scenario)."
+        )
+    return out
+
+
+def _bisection_lines(b: dict[str, Any]) -> list[str]:
+    out: list[str] = []
+    parts = []
+    for n in b["sizes"]:
+        r = b["results"]
+        ours = r["leakbisect planner (1 slot)"][str(n)]["trials_mean"]
+        lin = r["linear scan from the good end (1 slot)"][str(n)]["trials_mean"]
+        bs = r["binary search, no bound checks (1 slot)"][str(n)]["trials_mean"]
+        w1 = r["leakbisect planner (1 slot)"][str(n)]["rounds_mean"]
+        w4 = r["leakbisect planner (4 slots)"][str(n)]["rounds_mean"]
+        parts.append(
+            f"n = {n}: {ours:.1f} trials (ours, 1 slot) vs {lin:.1f} linear "
+            f"({lin / ours:.1f}x) vs {bs:.1f} plain binary; 4 slots cut wall time "
+            f"{w1 / w4:.1f}x"
+        )
+    out.append("**Bisection** (mean trials): " + "; ".join(parts) + ".")
+    return out
+
+
+def _envs_lines(e: dict[str, Any]) -> list[str]:
+    out: list[str] = []
+    parts = []
+    for label, h in e["headline"].items():
+        parts.append(
+            f"{label.split(' (')[0]}: uv warm {h['uv_warm']:.2f} s vs venv + pip "
+            f"{h['pip_cold']:.1f} s cold / {h['pip_warm']:.1f} s warm "
+            f"({h['pip_cold'] / h['uv_warm']:.0f}x / {h['pip_warm'] / h['uv_warm']:.0f}x); "
+            f"uv cold {h['uv_cold']:.2f} s"
+        )
+    out.append("**Environments** (median per candidate): " + "; ".join(parts) + ".")
+    return out
+
+
+def _sampler_lines(s: dict[str, Any]) -> list[str]:
+    out: list[str] = []
+    o = {(r["procs"], r["hz"]): r for r in s["overhead"]}
+    parts = []
+    for (procs, hz), r in sorted(o.items()):
+        parts.append(
+            f"{procs} proc @ {hz:g} Hz: {100 * r['sampler_cpu_s'] / r['wall_s']:.2f} % of a "
+            f"core ({100 * r['sampler_cpu_s'] / max(r['workload_cpu_s'], 1e-9):.1f} % of "
+            "the workload's CPU)"
+        )
+    det = []
+    for f in s["fidelity"]:
+        if not f["rate_mib_s"]:
+            continue
+        t = f["first_leak_s"]["ours"]
+        det.append(
+            f"{f['rate_mib_s']:g} MiB/s leak called after "
+            + (f"{t:.1f} s" if t is not None else f"> {f['max_s']:g} s")
+            + f" (floor {f['floor_s']:.1f} s)"
+        )
+    out.append("**Sampler**: " + "; ".join(parts) + ". " + "; ".join(det) + ".")
+    return out
+
+
+def _e2e_lines(x: dict[str, Any]) -> list[str]:
+    out: list[str] = []
+    runs = x["runs"]
+    main = [r for r in runs if r["repro"].startswith("bundled")]
+    cli = [r for r in main if r["how"].startswith("bisect-cli")]
+    naive = [r for r in main if r["how"].startswith("naive")]
+    if cli and naive:
+        naive_s = sum(r["wall_s"] for r in naive) / len(naive)
+        cli_s = sum(r["wall_s"] for r in cli) / len(cli)
+        out.append(
+            f"**End to end** (fixture, bundled repro): bisect-cli {cli_s:.0f} s on average "
+            f"over {len(cli)} run{'s' if len(cli) > 1 else ''} (cold uv cache "
+            f"{cli[0]['wall_s']:.0f} s), right in {sum(r['right'] for r in cli)} of "
+            f"{len(cli)} (answers: "
+            + ", ".join(r["answer"] or r["status"] for r in cli)
+            + f"); the naive venv + pip loop {naive_s:.0f} s on average "
+            f"({naive_s / cli_s:.1f}x bisect-cli's time), right in "
+            f"{sum(r['right'] for r in naive)} of {len(naive)} (answers: "
+            + ", ".join(r["answer"] or "none" for r in naive)
+            + ")."
+        )
+    other = [r for r in runs if not r["repro"].startswith("bundled")]
+    if other:
+        out.append(
+            "**End to end, repro stopped at 36 steps**: "
             + "; ".join(
-                f"{s} {'not reached' if v is None else f'{v:g} min'}" for s, v in mins.items()
+                f"{r['how'].split(':')[0]}: {r['answer'] or 'no answer'} "
+                f"({'right' if r['right'] else 'not right'}"
+                + (f": {r['message']}" if r.get("message") else "")
+                + ")"
+                for r in other
             )
             + "."
         )
-        if c["misses"]:
-            out.append("**Targets missed by our classifier**: " + "; ".join(c["misses"]) + ".")
-        else:
-            out.append(
-                "**Targets**: all met at the minimum run length (false leak ≤ 1 % on every "
-                "bounded scenario, detection ≥ 95 % on every leak scenario)."
-            )
-    b = results.get("bisection")
-    if b:
-        parts = []
-        for n in b["sizes"]:
-            r = b["results"]
-            ours = r["leakbisect planner (1 slot)"][str(n)]["trials_mean"]
-            lin = r["linear scan from the good end (1 slot)"][str(n)]["trials_mean"]
-            bs = r["binary search, no bound checks (1 slot)"][str(n)]["trials_mean"]
-            w1 = r["leakbisect planner (1 slot)"][str(n)]["rounds_mean"]
-            w4 = r["leakbisect planner (4 slots)"][str(n)]["rounds_mean"]
-            parts.append(
-                f"n = {n}: {ours:.1f} trials (ours, 1 slot) vs {lin:.1f} linear "
-                f"({lin / ours:.1f}x) vs {bs:.1f} plain binary; 4 slots cut wall time "
-                f"{w1 / w4:.1f}x"
-            )
-        out.append("**Bisection** (mean trials): " + "; ".join(parts) + ".")
-    e = results.get("envs")
-    if e:
-        parts = []
-        for label, h in e["headline"].items():
-            parts.append(
-                f"{label.split(' (')[0]}: uv warm {h['uv_warm']:.2f} s vs venv + pip "
-                f"{h['pip_cold']:.1f} s cold / {h['pip_warm']:.1f} s warm "
-                f"({h['pip_cold'] / h['uv_warm']:.0f}x / {h['pip_warm'] / h['uv_warm']:.0f}x); "
-                f"uv cold {h['uv_cold']:.2f} s"
-            )
-        out.append("**Environments** (median per candidate): " + "; ".join(parts) + ".")
-    s = results.get("sampler")
-    if s:
-        o = {(r["procs"], r["hz"]): r for r in s["overhead"]}
-        parts = []
-        for (procs, hz), r in sorted(o.items()):
-            parts.append(
-                f"{procs} proc @ {hz:g} Hz: {100 * r['sampler_cpu_s'] / r['wall_s']:.2f} % of a "
-                f"core ({100 * r['sampler_cpu_s'] / max(r['workload_cpu_s'], 1e-9):.1f} % of "
-                "the workload's CPU)"
-            )
-        det = []
-        for f in s["fidelity"]:
-            if not f["rate_mib_s"]:
-                continue
-            t = f["first_leak_s"]["ours"]
-            det.append(
-                f"{f['rate_mib_s']:g} MiB/s leak called after "
-                + (f"{t:.1f} s" if t is not None else f"> {f['max_s']:g} s")
-                + f" (floor {f['floor_s']:.1f} s)"
-            )
-        out.append("**Sampler**: " + "; ".join(parts) + ". " + "; ".join(det) + ".")
-    x = results.get("e2e")
-    if x:
-        runs = x["runs"]
-        main = [r for r in runs if r["repro"].startswith("bundled")]
-        cli = [r for r in main if r["how"].startswith("bisect-cli")]
-        naive = [r for r in main if r["how"].startswith("naive")]
-        if cli and naive:
-            naive_s = sum(r["wall_s"] for r in naive) / len(naive)
-            cli_s = sum(r["wall_s"] for r in cli) / len(cli)
-            out.append(
-                f"**End to end** (fixture, bundled repro): bisect-cli {cli_s:.0f} s on average "
-                f"over {len(cli)} run{'s' if len(cli) > 1 else ''} (cold uv cache "
-                f"{cli[0]['wall_s']:.0f} s), right in {sum(r['right'] for r in cli)} of "
-                f"{len(cli)} (answers: "
-                + ", ".join(r["answer"] or r["status"] for r in cli)
-                + f"); the naive venv + pip loop {naive_s:.0f} s on average "
-                f"({naive_s / cli_s:.1f}x bisect-cli's time), right in "
-                f"{sum(r['right'] for r in naive)} of {len(naive)} (answers: "
-                + ", ".join(r["answer"] or "none" for r in naive)
-                + ")."
-            )
-        other = [r for r in runs if not r["repro"].startswith("bundled")]
-        if other:
-            out.append(
-                "**End to end, repro stopped at 36 steps**: "
-                + "; ".join(
-                    f"{r['how'].split(':')[0]}: {r['answer'] or 'no answer'} "
-                    f"({'right' if r['right'] else 'not right'}"
-                    + (f": {r['message']}" if r.get("message") else "")
-                    + ")"
-                    for r in other
-                )
-                + "."
-            )
+    return out
+
+
+_HEADLINES: dict[str, Callable[[dict[str, Any]], list[str]]] = {
+    "classifier": _classifier_lines,
+    "bisection": _bisection_lines,
+    "envs": _envs_lines,
+    "sampler": _sampler_lines,
+    "e2e": _e2e_lines,
+}
+
+
+def headlines(results: dict[str, Any]) -> list[str]:
+    """One paragraph per benchmark section present in ``results``, in report order."""
+    out = []
+    for section, lines in _HEADLINES.items():
+        if results.get(section):
+            out.extend(lines(results[section]))
     return out
 
 

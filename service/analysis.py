@@ -451,8 +451,8 @@ def _classify_blocks(
     peak: float | None,
     s: ClassifierSettings,
 ) -> SeriesAnalysis:
+    """Block floors of the judged samples, their fit (`_fit_floors`), then the rules (`_judge`)."""
     per = "step" if unit == "MiB/step" else "s"
-    over = f"{window:.0f} steps" if per == "step" else f"{_fmt(window)} s"
     max_possible = min(n // s.min_block_samples, s.max_blocks)
     if per == "step":
         # Markers may come every k steps; only distinct step values can form blocks.
@@ -476,7 +476,17 @@ def _classify_blocks(
             n,
             peak,
         )
+    numbers = _fit_floors(fx, floors, wide, window, s)
+    verdict, reason = _judge(numbers, per, s)
+    return SeriesAnalysis(
+        verdict=verdict, reason=reason, unit=unit, peak_mib=peak, samples=n, **numbers
+    )
 
+
+def _fit_floors(
+    fx: np.ndarray, floors: np.ndarray, wide: np.ndarray, window: float, s: ClassifierSettings
+) -> dict[str, Any]:
+    """The numbers the rules read, named as `SeriesAnalysis` fields."""
     # Imported here: scipy.stats costs about a second, and the CLI's other commands don't judge.
     from scipy.stats import theilslopes
 
@@ -484,12 +494,7 @@ def _classify_blocks(
     slope, low, high = float(slope), float(low), float(high)
     n_late = min(len(floors), max(s.late_min_blocks, math.ceil(s.late_fraction * len(floors))))
     late_fit = theilslopes(floors[-n_late:], fx[-n_late:], alpha=s.confidence)
-    late, late_high = float(late_fit[0]), float(late_fit[3])
-    early = float(theilslopes(floors[:n_late], fx[:n_late], alpha=s.confidence)[0])
-
     baseline = float(floors[0])
-    threshold = max(s.min_growth_mib, s.min_growth_fraction * max(baseline, 0.0))
-    growth = slope * window
     rise = float(np.median(floors[-n_late:])) - baseline
     # The steady rate that would have produced the observed rise. A leak rises at
     # its slope all along, so for a leak rise_rate ~ slope ~ late slope; a cache
@@ -497,83 +502,82 @@ def _classify_blocks(
     # above the late slope. Comparing against it (not only against the overall
     # Theil-Sen slope, which the median can put anywhere for a step) is what
     # keeps a large early plateau from passing as a leak.
-    # Where the floor ends up: a jump in the last blocks (a first checkpoint late in
-    # the run) barely moves the late median or the slope, yet rules out CLEAN.
-    end_rise = float(wide[-1]) - baseline  # the floor over the last two blocks
     rise_span = float(np.median(fx[-n_late:]) - fx[0])
-    rise_rate = rise / rise_span if rise_span > 0 else 0.0
-    reference = max(slope, rise_rate)
-
-    step_ratio = _step_ratio(fx, floors, slope)
-    drop = _largest_drop(wide)
-
-    numbers = dict(
-        step_ratio=step_ratio,
-        drop_mib=drop,
-        unit=unit,
+    return dict(
+        step_ratio=_step_ratio(fx, floors, slope),
+        drop_mib=_largest_drop(wide),
         slope=slope,
         slope_low=low,
         slope_high=high,
-        growth_mib=growth,
+        growth_mib=slope * window,
         baseline_mib=baseline,
-        peak_mib=peak,
         floors_mib=tuple(float(f) for f in floors),
-        late_slope=late,
-        late_slope_high=late_high,
-        early_slope=early,
-        samples=n,
+        late_slope=float(late_fit[0]),
+        late_slope_high=float(late_fit[3]),
+        early_slope=float(theilslopes(floors[:n_late], fx[:n_late], alpha=s.confidence)[0]),
         window=window,
-        threshold_mib=threshold,
+        threshold_mib=max(s.min_growth_mib, s.min_growth_fraction * max(baseline, 0.0)),
         rise_mib=rise,
-        end_rise_mib=end_rise,
+        # Where the floor ends up: a jump in the last blocks (a first checkpoint late in
+        # the run) barely moves the late median or the slope, yet rules out CLEAN.
+        end_rise_mib=float(wide[-1]) - baseline,  # the floor over the last two blocks
         floor_x=tuple(float(p) for p in fx),
+        rise_rate=rise / rise_span if rise_span > 0 else 0.0,
     )
+
+
+def _judge(m: dict[str, Any], per: str, s: ClassifierSettings) -> tuple[Verdict, str]:
+    """The verdict rules over the fitted numbers, in order; the reason says which held."""
     o = _fmt
+    slope, growth, late, rise, threshold = (
+        m["slope"], m["growth_mib"], m["late_slope"], m["rise_mib"], m["threshold_mib"]
+    )  # fmt: skip
+    rise_rate = m.pop("rise_rate")
+    window = m["window"]
+    over = f"{window:.0f} steps" if per == "step" else f"{_fmt(window)} s"
     trend = (
         f"floor {'rises' if slope > 0 else 'slope'} {o(slope)} MiB/{per} "
-        f"(CI {o(low)}..{o(high)}), {'+' if growth >= 0 else ''}{o(growth)} MiB over {over}"
+        f"(CI {o(m['slope_low'])}..{o(m['slope_high'])}), "
+        f"{'+' if growth >= 0 else ''}{o(growth)} MiB over {over}"
     )
     thr = f"threshold {o(threshold)} MiB"
     # Still rising at the pace that produced the rise, and not slowed to a fraction of
     # its early pace: a saturating curve (a cache) fails the second test even when
     # noise props up its late slope.
-    still_rising = late >= s.leak_late_ratio * reference and late >= s.saturation_ratio * early
-    spread = step_ratio > s.max_step_ratio
-    kept = drop < s.max_drop_ratio * threshold
+    reference = max(slope, rise_rate)
+    still_rising = late >= s.leak_late_ratio * reference and late >= s.saturation_ratio * m[
+        "early_slope"
+    ]
+    spread = m["step_ratio"] > s.max_step_ratio
+    kept = m["drop_mib"] < s.max_drop_ratio * threshold
 
-    if low > 0 and growth >= threshold and still_rising and spread and kept:
-        verdict = Verdict.LEAK
-        reason = f"{trend} ({thr}), still rising at the end ({o(late)} MiB/{per})"
-    elif rise >= threshold and late_high <= s.plateau_late_ratio * rise_rate:
-        verdict = Verdict.PLATEAU
-        reason = (
+    if m["slope_low"] > 0 and growth >= threshold and still_rising and spread and kept:
+        return Verdict.LEAK, f"{trend} ({thr}), still rising at the end ({o(late)} MiB/{per})"
+    if rise >= threshold and m["late_slope_high"] <= s.plateau_late_ratio * rise_rate:
+        return Verdict.PLATEAU, (
             f"floor rose {o(rise)} MiB ({thr}), then stopped: late slope {o(late)} "
-            f"MiB/{per}, at most {o(late_high)}"
+            f"MiB/{per}, at most {o(m['late_slope_high'])}"
         )
-    elif rise >= threshold:
-        verdict = Verdict.INCONCLUSIVE
+    if rise >= threshold:
         if not spread:
             why = "in one jump, too close to the end to tell whether it stays"
         elif not kept:
-            why = f"but fell back {o(drop)} MiB on the way (a slow sawtooth?)"
+            why = f"but fell back {o(m['drop_mib'])} MiB on the way (a slow sawtooth?)"
         elif still_rising:
             why = "but too unevenly or too uncertainly to call a leak"
         else:
             why = "and slowed down, but not clearly to a stop"
-        reason = f"floor rose {o(rise)} MiB ({thr}) {why}; {trend}"
-    elif end_rise >= threshold:
-        verdict = Verdict.INCONCLUSIVE
-        reason = (
-            f"floor jumped {o(end_rise)} MiB at the very end ({thr}), too late to tell "
-            f"a one-off from the start of a leak; {trend}"
+        return Verdict.INCONCLUSIVE, f"floor rose {o(rise)} MiB ({thr}) {why}; {trend}"
+    if m["end_rise_mib"] >= threshold:
+        return Verdict.INCONCLUSIVE, (
+            f"floor jumped {o(m['end_rise_mib'])} MiB at the very end ({thr}), too late to "
+            f"tell a one-off from the start of a leak; {trend}"
         )
-    elif high * window < threshold:
-        verdict = Verdict.CLEAN
-        reason = f"{trend}; even the upper bound stays under the {thr}"
-    else:
-        verdict = Verdict.INCONCLUSIVE
-        reason = f"{trend}; too uncertain to call against the {thr}: run longer or again"
-    return SeriesAnalysis(verdict=verdict, reason=reason, **numbers)
+    if m["slope_high"] * window < threshold:
+        return Verdict.CLEAN, f"{trend}; even the upper bound stays under the {thr}"
+    return Verdict.INCONCLUSIVE, (
+        f"{trend}; too uncertain to call against the {thr}: run longer or again"
+    )
 
 
 # ------------------------------------------------------------------------------ run
@@ -673,9 +677,6 @@ def classify_run(
 
 
 # ------------------------------------------------------------------------ candidate
-
-_DECISIVE = (Verdict.LEAK, Verdict.CLEAN, Verdict.PLATEAU)
-
 
 def aggregate(verdicts: Sequence[Verdict]) -> Verdict:
     """A candidate's verdict from its runs' verdicts.
