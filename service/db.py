@@ -1,5 +1,8 @@
 """Database engine, sessions and migrations."""
 
+import contextlib
+import io
+import tempfile
 from functools import lru_cache
 from pathlib import Path
 
@@ -40,9 +43,9 @@ def get_engine(url: str) -> Engine:
     return make_engine(url)
 
 
-def alembic_config(url: str) -> Config:
+def alembic_config(url: str, migrations: Path = MIGRATIONS) -> Config:
     cfg = Config()
-    cfg.set_main_option("script_location", str(MIGRATIONS))
+    cfg.set_main_option("script_location", str(migrations))
     cfg.set_main_option("sqlalchemy.url", url.replace("%", "%%"))
     return cfg
 
@@ -52,3 +55,29 @@ def upgrade(url: str) -> None:
     _ensure_sqlite_dir(url)
     command.upgrade(alembic_config(url), "head")
 
+
+
+def next_revision_id(migrations: Path = MIGRATIONS) -> str:
+    """The next id of the numbered series (0001, 0002, ...): ids sort as they apply."""
+    numbers = [int(f.name[:4]) for f in (migrations / "versions").glob("[0-9][0-9][0-9][0-9]_*.py")]
+    return f"{max(numbers, default=0) + 1:04d}"
+
+
+def new_revision(message: str, *, autogenerate: bool, migrations: Path = MIGRATIONS) -> Path:
+    """Write a migration after the newest; with `autogenerate`, diffed from the models.
+
+    The diff is taken against a scratch SQLite database at the newest schema, so it holds
+    exactly what the models add to the migrations (review it: SQLite types are loose).
+    """
+    with tempfile.TemporaryDirectory(prefix="leakbisect-revision-") as tmp:
+        url = f"sqlite:///{Path(tmp) / 'head.db'}"
+        cfg = alembic_config(url, migrations)
+        # Alembic prints its progress on stdout; the command prints the path (or JSON).
+        with contextlib.redirect_stdout(io.StringIO()):
+            if autogenerate:
+                command.upgrade(cfg, "head")
+            script = command.revision(
+                cfg, message=message, autogenerate=autogenerate, rev_id=next_revision_id(migrations)
+            )
+    assert script is not None and not isinstance(script, list)
+    return Path(script.path)

@@ -1,12 +1,15 @@
-"""`bisect-cli db upgrade`: bring a database to the newest schema (Alembic)."""
+"""`bisect-cli db upgrade | revision`: the results database's schema (Alembic migrations)."""
 
 import json
+from pathlib import Path
+from typing import Annotated
 
 import typer
 from sqlalchemy.engine import make_url
 
 from service.cli.errors import fail
 from service.cli.options import DatabaseUrl, Json
+from service.db import MIGRATIONS, new_revision
 from service.db import upgrade as upgrade_schema
 from service.settings import get_settings
 
@@ -41,3 +44,40 @@ def upgrade(database_url: DatabaseUrl = None, json_: Json = False) -> None:
         typer.echo(json.dumps({"database_url": shown(url), "upgraded": True}))
     else:
         typer.echo(f"database {shown(url)} is at the newest schema")
+
+
+@app.command()
+def revision(
+    message: Annotated[
+        str, typer.Option("--message", "-m", help="What the migration does (its file name).")
+    ],
+    autogenerate: Annotated[
+        bool,
+        typer.Option(
+            "--autogenerate",
+            help="Fill it with the difference between the models (service/models.py) and the "
+            "newest schema; review it before committing.",
+        ),
+    ] = False,
+    migrations: Annotated[
+        Path,
+        typer.Option(
+            "--migrations",
+            file_okay=False,
+            exists=True,
+            help="The Alembic script directory (default: this project's migrations/).",
+        ),
+    ] = MIGRATIONS,
+    json_: Json = False,
+) -> None:
+    """Write a new migration after the newest, numbered in sequence (for developers).
+
+    Exit status: 0 written, 2 bad input (an empty message, no such directory).
+    """
+    if not message.strip():
+        fail("--message: empty; say what the migration does")
+    path = new_revision(message.strip(), autogenerate=autogenerate, migrations=migrations)
+    if json_:
+        typer.echo(json.dumps({"path": str(path), "revision": path.name[:4]}))
+    else:
+        typer.echo(f"wrote {path}")
