@@ -193,16 +193,26 @@ def run(cfg: Config) -> dict[str, Any]:
     return out
 
 
+def bundled_runs(runs: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """The bundled repro's runs: (bisect-cli runs, naive-loop runs)."""
+    main = [r for r in runs if r["repro"].startswith("bundled")]
+    return (
+        [r for r in main if r["how"].startswith("bisect-cli")],
+        [r for r in main if r["how"].startswith("naive")],
+    )
+
+
+def mean_wall(runs: list[dict[str, Any]]) -> float:
+    return sum(r["wall_s"] for r in runs) / len(runs)
+
+
 def notes(res: dict[str, Any]) -> list[str]:
     """What the numbers say, from the stored results."""
-    runs = res["runs"]
     out = []
-    main = [r for r in runs if r["repro"].startswith("bundled")]
-    cli = [r for r in main if r["how"].startswith("bisect-cli")]
-    naive = [r for r in main if r["how"].startswith("naive")]
+    runs = res["runs"]
+    cli, naive = bundled_runs(runs)
     if cli and naive:
-        naive_s = sum(r["wall_s"] for r in naive) / len(naive)
-        cli_s = sum(r["wall_s"] for r in cli) / len(cli)
+        cli_s, naive_s = mean_wall(cli), mean_wall(naive)
         warm = cli[1:]
         out.append(
             f"bisect-cli took {cli[0]['wall_s']:.0f} s with a cold uv cache"

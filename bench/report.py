@@ -308,13 +308,12 @@ def _sampler_lines(s: dict[str, Any]) -> list[str]:
 
 def _e2e_lines(x: dict[str, Any]) -> list[str]:
     out: list[str] = []
+    from bench.e2e import bundled_runs, mean_wall  # lazily, like the sections' notes
+
     runs = x["runs"]
-    main = [r for r in runs if r["repro"].startswith("bundled")]
-    cli = [r for r in main if r["how"].startswith("bisect-cli")]
-    naive = [r for r in main if r["how"].startswith("naive")]
+    cli, naive = bundled_runs(runs)
     if cli and naive:
-        naive_s = sum(r["wall_s"] for r in naive) / len(naive)
-        cli_s = sum(r["wall_s"] for r in cli) / len(cli)
+        cli_s, naive_s = mean_wall(cli), mean_wall(naive)
         out.append(
             f"**End to end** (fixture, bundled repro): bisect-cli {cli_s:.0f} s on average "
             f"over {len(cli)} run{'s' if len(cli) > 1 else ''} (cold uv cache "
