@@ -8,6 +8,7 @@ from sqlmodel import Session
 from service import pins, releases
 from service.index import LOCAL, PYPI_SIMPLE, FetchPolicy, list_releases, target_tags
 from service.models import Candidate, Job
+from service.resolution import pins_as_of
 from service.schemas import JobCreate
 
 
@@ -56,6 +57,12 @@ def create_job(
             "bad": found[-1].version,
             "script_sha256": hashlib.sha256(request.script.encode()).hexdigest(),
             "pin_state": pins.initial_state(request.as_released),
+            "pins_as_of": pins_as_of(
+                as_released=request.as_released,
+                resolve_at=request.resolve_at,
+                good=(found[0].version, found[0].upload_time),
+                newest=(found[-1].version, found[-1].upload_time),
+            ),
             "max_runs": max(request.max_runs, request.repeats),
             "hardware_class": "gpu" if request.requires_gpu else "cpu",
             "machine": machine,

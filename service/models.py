@@ -79,6 +79,8 @@ class Job(JobOptions, table=True):
     pin_state: str = PinState.NONE
     # What decides the pins (service/pins.py): jobs with the same key can share them.
     pin_key: str | None = Field(default=None, index=True)
+    # The instant the pins are resolved as of (service/resolution.py); None: today's index.
+    pins_as_of: datetime | None = None
 
     # Planner outcome: indices into the candidate list plus the message.
     result: dict[str, Any] | None = Field(default=None, sa_column=Column(JSON))

@@ -17,11 +17,12 @@ from typing import Any
 
 from packaging.requirements import InvalidRequirement, Requirement
 from packaging.utils import canonicalize_name
-from pydantic import ConfigDict, field_validator
+from pydantic import ConfigDict, ValidationInfo, field_validator
 from pydantic.fields import FieldInfo
 from sqlalchemy import JSON, BigInteger, Text
 from sqlmodel import Field, SQLModel
 
+from service.resolution import parse_resolve_at
 from service.units import SIZE_HELP, parse_size
 
 MAX_SCRIPT_BYTES = 1024 * 1024
@@ -127,6 +128,15 @@ class JobOptions(SQLModel):
         help="Resolve each candidate as on its upload day (uv --exclude-newer) instead of "
         "holding other packages at the good bound's versions.",
     )
+    resolve_at: str | None = option(
+        None,
+        flag="--resolve-at",
+        help="Resolve the other packages as of DATE (YYYY-MM-DD or an ISO time) or 'latest' "
+        "(today's index); default: as of the bad bound's upload time, so none is newer than "
+        "the range.",
+        metavar="DATE|latest",
+        max_length=40,
+    )
     find_fix: bool = option(
         False, flag="--find-fix", help="Find the first release that no longer leaks."
     )
@@ -196,6 +206,19 @@ class JobOptions(SQLModel):
         metavar="KEY=VALUE",
         sa_type=JSON,
     )
+
+    @field_validator("resolve_at")
+    @classmethod
+    def _resolve_at(cls, value: str | None, info: ValidationInfo) -> str | None:
+        if value is None:
+            return None
+        if info.data.get("as_released"):
+            raise ValueError(
+                "cannot be combined with as released (--as-released): each says when to "
+                "resolve; give one"
+            )
+        parse_resolve_at(value)  # InvalidInput, a ValueError, says what is allowed
+        return value.strip()
 
     @field_validator("package")
     @classmethod
@@ -334,7 +357,9 @@ def markdown_table() -> str:
         assert cli is not None
         flags = ", ".join(f"`{f}`" for f in _display_flags(cli))
         only = "" if len(cli["commands"]) > 1 else f" (`{cli['commands'][0]}` only)"
-        rows.append(f"| {flags} | {info.description}{only} | {default_text(info)} |")
+        cells = (flags, f"{info.description}{only}", default_text(info))
+        # A "|" inside a cell (DATE|latest) would split it, code span or not.
+        rows.append("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")
     return "\n".join(rows)
 
 

@@ -60,7 +60,7 @@ def pending(session: Session, job: Job, trials: list[Trial]) -> bool:
 
 def pin_key(job: Job, good: Candidate) -> str:
     """What decides the pins: the good bound's environment spec, before any pins."""
-    spec = env_spec(job, good).model_copy(update={"constraints": []})
+    spec = env_spec(job, good, resolving=True).model_copy(update={"constraints": []})
     blob = json.dumps(spec.model_dump(mode="json"), sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(blob.encode()).hexdigest()
 

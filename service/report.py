@@ -14,6 +14,7 @@ from typing import Any
 from pydantic import BaseModel, Field, model_serializer, model_validator
 
 from runners.envs import freeze_diff, index_args
+from service import resolution
 from service.models import Candidate, Job, Trial, TrialKind, TrialStatus
 from service.specs import env_spec
 from service.verdicts import Verdict
@@ -79,6 +80,8 @@ class Report(BaseModel):
     evidence: list[Evidence] = Field(default_factory=list)
     reproduce: str | None = None
     machine: dict[str, Any] | None = None
+    # How the packages besides the bisected one were chosen, and why (service/resolution.py).
+    environment: str | None = None
 
     @property
     def names(self) -> tuple[str, str]:
@@ -233,6 +236,13 @@ def build_report(job: Job, candidates: list[Candidate], trials: list[Trial]) -> 
         candidates=candidate_rows(candidates, trials),
         trials=len(_runs(trials)),
         machine=job.machine,
+        environment=resolution.describe(
+            as_released=job.as_released,
+            resolve_at=job.resolve_at,
+            as_of=job.pins_as_of,
+            newest=job.bad,
+            find_fix=job.find_fix,
+        ),
     )
     if last_old and first_new:
         report.dependency_diff = [

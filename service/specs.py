@@ -1,12 +1,20 @@
 """What a runner is told: the wire specs of a candidate's environment and of a trial."""
 
 from runners.wire import EnvSpec, TrialSpec
-from service.models import Candidate, Job, Trial
+from service.models import Candidate, Job, Trial, TrialKind
 
 
-def env_spec(job: Job, candidate: Candidate) -> EnvSpec:
-    # As released: only what the index held the moment the candidate was uploaded.
-    exclude_newer = candidate.upload_time if job.as_released else None
+def env_spec(job: Job, candidate: Candidate, *, resolving: bool = False) -> EnvSpec:
+    """A candidate's environment; `resolving`: for the resolve trial that makes the pins.
+
+    As released, only what the index held the moment the candidate was uploaded. The
+    pins are resolved as of `Job.pins_as_of` (service/resolution.py); candidates are then
+    built with them as constraints, so the cutoff only applies where they are made.
+    """
+    if job.as_released:
+        exclude_newer = candidate.upload_time
+    else:
+        exclude_newer = job.pins_as_of if resolving else None
     return EnvSpec(
         package=job.package,
         version=candidate.version,
@@ -27,7 +35,7 @@ def trial_spec(job: Job, candidate: Candidate, trial: Trial) -> TrialSpec:
         trial_id=trial.id,
         attempt=trial.attempt,
         kind=trial.kind,
-        env=env_spec(job, candidate),
+        env=env_spec(job, candidate, resolving=trial.kind == TrialKind.RESOLVE),
         script=job.script,
         script_name=job.script_name,
         timeout_s=job.timeout_s,

@@ -97,6 +97,12 @@ BAD_JOBS: list[tuple[dict[str, Any], str]] = [
     ({"script_name": "../../x.py"}, "script_name: '../../x.py' is not a plain file name"),
     ({"script_name": ""}, "script_name: '' is not a plain file name"),
     ({"script_name": "x.sh"}, "script_name: 'x.sh' is not a plain file name"),
+    ({"resolve_at": "yesterday"}, "resolve_at: 'yesterday' is not a date: write YYYY-MM-DD"),
+    ({"resolve_at": "2024-01-01" * 5}, "resolve_at: String should have at most 40 characters"),
+    (
+        {"resolve_at": "latest", "as_released": True},
+        "resolve_at: cannot be combined with as released",
+    ),
     ({"min_growth_fraction": 1e999}, "min_growth_fraction: Input should be a finite number"),
     ({"min_growth_mib": float("nan")}, "min_growth_mib: Input should be a finite number"),
     ({"min_growth_mib": 0}, "min_growth_mib: Input should be greater than 0"),

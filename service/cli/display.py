@@ -143,11 +143,14 @@ class LineProgress:
 
 
 def render_report(console: Console, report: Report, curves: dict[int, list[float]]) -> None:
-    """The text report: headline, candidates, evidence, dependency diff, machine, reproduce."""
+    """The text report: headline, candidates, evidence, dependency diff, environment, machine,
+    reproduce."""
     _headline(console, report)
     console.print(_candidate_table(report))
     _evidence(console, report, curves)
     _dependency_diff(console, report)
+    if report.environment:
+        console.print(f"environment: {report.environment}", soft_wrap=True)
     if report.machine:
         console.print(f"machine: {_machine_text(report.machine)}")
     if report.reproduce:
