@@ -14,7 +14,7 @@ from typing import Any
 from pydantic import BaseModel, Field, model_serializer, model_validator
 
 from runners.envs import freeze_diff, index_args
-from service import resolution
+from service import crash, resolution
 from service.models import Candidate, Job, Trial, TrialKind, TrialStatus
 from service.specs import env_spec
 from service.verdicts import Verdict
@@ -40,6 +40,10 @@ class CandidateRow(BaseModel):
     upload_time: str | None = None  # ISO 8601, as the index gave it
     resolution: str | None = None
     reused: bool = False
+    # An error verdict: the line its last failed run ended on (service/crash.py).
+    error: str | None = None
+    # A shell line that rebuilds the candidate as tested and runs the repro (tested ones).
+    reproduce: str | None = None
 
 
 class RunEvidence(BaseModel):
@@ -49,6 +53,7 @@ class RunEvidence(BaseModel):
     oom_killed: bool
     duration_s: float | None
     analysis: dict[str, Any] | None
+    error: str | None = None  # the line a crashed run ended on
 
 
 class Evidence(BaseModel):
@@ -158,8 +163,24 @@ def _runs(trials: list[Trial]) -> list[Trial]:
     return [t for t in trials if t.status == TrialStatus.DONE and t.kind == TrialKind.RUN]
 
 
-def candidate_rows(candidates: list[Candidate], trials: list[Trial]) -> list[CandidateRow]:
+def run_error(trial: Trial) -> str | None:
+    """Why a run failed, in one line: the runner's own error, else the script's last words."""
+    if trial.verdict != Verdict.ERROR:
+        return None
+    return trial.error.strip().splitlines()[0] if trial.error else crash.error_line(trial.log_tail)
+
+
+def _last_error(candidate: Candidate, done: list[Trial]) -> str | None:
+    errors = [run_error(t) for t in done if t.candidate_id == candidate.id]
+    found = [e for e in errors if e]
+    return found[-1] if found and candidate.verdict == Verdict.ERROR else None
+
+
+def candidate_rows(
+    candidates: list[Candidate], trials: list[Trial], job: Job | None = None
+) -> list[CandidateRow]:
     done = _runs(trials)
+    tested = {t.candidate_id for t in done}
     return [
         CandidateRow(
             position=c.position,
@@ -174,6 +195,8 @@ def candidate_rows(candidates: list[Candidate], trials: list[Trial]) -> list[Can
             upload_time=c.upload_time.isoformat() if c.upload_time else None,
             resolution=c.resolution,
             reused=c.reused_from is not None,
+            error=_last_error(c, done),
+            reproduce=reproduce_command(job, c) if job is not None and c.id in tested else None,
         )
         for c in candidates
     ]
@@ -192,6 +215,7 @@ def evidence(candidate: Candidate, trials: list[Trial]) -> Evidence:
                 oom_killed=t.oom_killed,
                 duration_s=t.duration_s,
                 analysis=t.analysis,
+                error=run_error(t),
             )
             for t in runs
         ],
@@ -233,7 +257,7 @@ def build_report(job: Job, candidates: list[Candidate], trials: list[Trial]) -> 
         first_new=first_new.version if first_new else None,
         between=list(result.get("skipped", [])),
         skipped=[c.version for c in candidates if _unjudged(c)],
-        candidates=candidate_rows(candidates, trials),
+        candidates=candidate_rows(candidates, trials, job),
         trials=len(_runs(trials)),
         machine=job.machine,
         environment=resolution.describe(
@@ -252,7 +276,38 @@ def build_report(job: Job, candidates: list[Candidate], trials: list[Trial]) -> 
         report.evidence = [evidence(last_old, trials), evidence(first_new, trials)]
         leaking = first_new if not job.find_fix else last_old
         report.reproduce = reproduce_command(job, leaking)
+    elif job.status not in ("queued", "running") and candidates:
+        # No pair to show: the bounds are the evidence (why they failed, what they ran).
+        bounds = [candidates[0], candidates[-1]]
+        report.evidence = [evidence(c, trials) for c in bounds if c.verdict is not None]
+        report.message = _with_crash_hints(report.message, job, bounds, trials)
     return report
+
+
+def _with_crash_hints(
+    message: str | None, job: Job, bounds: list[Candidate], trials: list[Trial]
+) -> str | None:
+    """The message, plus the line each errored bound ended on and the fix that fits."""
+    names = ("old bound", "new bound") if job.find_fix else ("good bound", "bad bound")
+    lines = [message] if message else []
+    done = _runs(trials)
+    for name, bound in zip(names, bounds, strict=True):
+        failed = [t for t in done if t.candidate_id == bound.id and run_error(t)]
+        if bound.verdict != Verdict.ERROR or not failed:
+            continue
+        last = failed[-1]
+        line = run_error(last)
+        lines.append(f"{name} {bound.version} ended: {line}")
+        fix = crash.hint(
+            line,
+            last.log_tail or "",
+            bisected=job.package,
+            freeze=bound.freeze,
+            shared_pins=not job.as_released,
+        )
+        if fix:
+            lines.append(f"hint: {fix}")
+    return "\n".join(lines) or None
 
 
 def exit_code(status: str) -> int:

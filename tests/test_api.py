@@ -479,10 +479,13 @@ def test_max_attempts_make_the_candidate_an_error(
         shown = job(client, created["id"])
         assert shown["candidates"][0]["verdict"] == "error"
         assert shown["status"] == "error"
+        # The message says why the bound failed, in the line its last run ended on.
         assert shown["message"] == (
             "good bound 1.0.0 cannot be tested: "
-            "its evaluation failed (crash or infrastructure error)"
+            "its evaluation failed (crash or infrastructure error)\n"
+            f"good bound 1.0.0 ended: lease expired 2 times (last runner {runner})"
         )
+        assert shown["candidates"][0]["error"] == f"lease expired 2 times (last runner {runner})"
         assert lease(client, runner) is None
 
 

@@ -83,6 +83,16 @@ def test_the_report_line_says_what_and_why() -> None:
 # ------------------------------------------------------------------- end to end
 
 CLI = [sys.executable, "-m", "service.cli"]
+# How a co-dependency breaks an old release: it reaches for an attribute the release lacks.
+CODEP_CHECK = """
+def check(version):
+    if version == "1.0.0":
+        raise AttributeError("module 'leakyfixture' has no attribute 'DeviceLocalLayout'")
+"""
+CRASHES = (
+    "import codep, importlib.metadata\n"
+    "codep.check(importlib.metadata.version('leakyfixture'))\n"
+)
 QUICK = "import codep, leakyfixture\nprint('codep', codep.VERSION)\n"
 
 
@@ -96,7 +106,7 @@ def index(reachable_dir: Callable[[str], Path]) -> Iterator[str]:
             wheels / f"codep-{version}-py3-none-any.whl",
             "codep",
             version,
-            {"codep/__init__.py": f"VERSION = {version!r}\n".encode()},
+            {"codep/__init__.py": (f"VERSION = {version!r}\n" + CODEP_CHECK).encode()},
             summary="A co-dependency with a release after the range.",
         )
         meta["files"][path.name] = {
@@ -109,13 +119,20 @@ def index(reachable_dir: Callable[[str], Path]) -> Iterator[str]:
         yield url
 
 
-def run(index: str, home: Path, uv_cache: Path, *extra: str) -> subprocess.CompletedProcess[str]:
+def run(
+    index: str,
+    home: Path,
+    uv_cache: Path,
+    *extra: str,
+    script_text: str = QUICK,
+    json_: bool = True,
+) -> subprocess.CompletedProcess[str]:
     script = home / "quick.py"
-    script.write_text(QUICK)
+    script.write_text(script_text)
     args = [
         "run", str(script), "--package", "leakyfixture", "--range", "1.0.0..1.0.1",
         "--with", "codep", "--index-url", index, "--max-runs", "1", "--no-reuse",
-        "--database-url", f"sqlite:///{home / 'r.db'}", "--json", *extra,
+        "--database-url", f"sqlite:///{home / 'r.db'}", *(["--json"] if json_ else []), *extra,
     ]  # fmt: skip
     env = {
         **os.environ,
@@ -184,3 +201,33 @@ def test_resolve_at_and_as_released_together_are_refused(
         "error: --resolve-at: cannot be combined with as released (--as-released): each says "
         "when to resolve; give one"
     )
+
+
+def test_a_bound_that_crashes_on_import_shows_its_line_and_the_fix(
+    index: str, reachable_dir: Callable[[str], Path], uv_cache: Path
+) -> None:
+    home = reachable_dir("resolution-crash")
+    proc = run(index, home, uv_cache, script_text=CRASHES)
+    assert proc.returncode == 1, proc.stderr
+    report = json.loads(proc.stdout)
+    line = "AttributeError: module 'leakyfixture' has no attribute 'DeviceLocalLayout'"
+    assert report["status"] == "error"
+    assert report["message"].splitlines() == [
+        "good bound 1.0.0 cannot be tested: its evaluation failed (crash or infrastructure error)",
+        f"good bound 1.0.0 ended: {line}",
+        "hint: codep does not fit this release: pin it to a release of the same time "
+        "(--with 'codep==VERSION'; this run had codep 1.0) or try --as-released (each "
+        "candidate resolved as on its own day)",
+    ]
+    good = report["candidates"][0]
+    assert (good["verdict"], good["error"]) == ("error", line)
+    assert good["reproduce"].startswith("uv venv /tmp/leakbisect-repro")
+    assert [e["version"] for e in report["evidence"]] == ["1.0.0"]  # the bad bound never ran
+    assert report["evidence"][0]["runs"][0]["error"] == line
+    # The text report (no --json) shows the same lines.
+    text = run(index, reachable_dir("resolution-crash-text"), uv_cache, script_text=CRASHES,
+               json_=False)  # fmt: skip
+    assert text.returncode == 1
+    shown = " ".join((text.stdout + text.stderr).split())  # Rich wraps long lines
+    assert f"good bound 1.0.0 ended: {line}" in shown
+    assert "hint: codep does not fit this release" in shown
