@@ -1,18 +1,21 @@
-"""`bisect-cli run`: the whole flow in one process, one trial at a time.
+"""`bisect-cli run`: the whole flow in one process, one trial at a time or N side by side.
 
 The job is a local one (`Job.local`): this process leases its trials itself
 (`queue.claim_local`), so a `bisect-cli serve` sharing the database never runs or
 advances it.
 """
 
+import threading
 from collections.abc import Callable
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from typing import Protocol
 
 from sqlmodel import Session
 
-from runners.trial import Executor
-from runners.wire import Sample
+from runners.limits import default_limit_bytes
+from runners.trial import Executor, Kill
+from runners.wire import Sample, TrialReport, TrialSpec
 from service import queue
 from service.models import Candidate, Job, JobStatus, Trial, TrialKind
 from service.scheduler import advance, cancel
@@ -56,33 +59,106 @@ def run_job(
     executor: Executor,
     progress: TrialEvents | None = None,
     log: Callable[[str], None] | None = None,
+    jobs: int = 1,
 ) -> Job:
+    """Run the job to its end, up to `jobs` trials side by side (`bisect-cli run --jobs N`).
+
+    The trials run in worker threads, each a capped child process of its own; the database
+    is only touched from this thread. With several slots the planner cuts the range into
+    that many parts (k-section), and a trial with no memory limit of its own gets the
+    default cap divided among the slots, so that N capped trials together stay under it.
+    """
     progress = progress or Quiet()
+    trials = _Running(executor, jobs, log, progress.sample if jobs == 1 else None)
     try:
-        while True:
-            advance(session, job, slots=1)
-            if JobStatus(job.status).finished:
-                return job
-            trial = queue.claim_local(session, job)
-            if trial is None:
-                raise RuntimeError(f"job {job.id} is running but has no queued trial")
-            candidate = session.get(Candidate, trial.candidate_id)
-            assert candidate is not None
-            if trial.kind == TrialKind.RUN:
-                progress.trial_started(candidate, trial)
-            else:
-                progress.message(f"resolving the pins of {job.package}=={candidate.version}")
-            report = executor.run_trial(
-                trial_spec(job, candidate, trial), on_sample=progress.sample, log=log
-            )
-            verdict = record_report(session, job, candidate, trial, report)
-            if verdict is not None:
-                progress.trial_finished(candidate, trial, verdict)
+        with trials:
+            while True:
+                advance(session, job, slots=jobs)
+                if JobStatus(job.status).finished:
+                    return job
+                _fill(session, job, trials, progress)
+                if not trials.busy():
+                    raise RuntimeError(f"job {job.id} is running but has no queued trial")
+                for candidate, trial, report in trials.finished():
+                    verdict = record_report(session, job, candidate, trial, report)
+                    if verdict is not None:
+                        progress.trial_finished(candidate, trial, verdict)
     except BaseException:
         # An interrupted run leaves a cancelled job, not one that looks alive forever.
         session.rollback()
         cancel(session, job, "interrupted")
         raise
+
+
+def _fill(session: Session, job: Job, trials: "_Running", progress: TrialEvents) -> None:
+    """Lease queued trials to this process while slots are free, and start them."""
+    while trials.free() and (trial := queue.claim_local(session, job)) is not None:
+        candidate = session.get(Candidate, trial.candidate_id)
+        assert candidate is not None
+        if trial.kind == TrialKind.RUN:
+            progress.trial_started(candidate, trial)
+        else:
+            progress.message(f"resolving the pins of {job.package}=={candidate.version}")
+        trials.start(candidate, trial, _capped(trial_spec(job, candidate, trial), trials.slots))
+
+
+def _capped(spec: TrialSpec, slots: int) -> TrialSpec:
+    if slots == 1 or spec.memory_limit_bytes is not None:
+        return spec
+    return spec.model_copy(update={"memory_limit_bytes": default_limit_bytes() // slots})
+
+
+class _Running:
+    """Trials running in worker threads; leaving it kills whatever still runs."""
+
+    def __init__(
+        self,
+        executor: Executor,
+        slots: int,
+        log: Callable[[str], None] | None,
+        on_sample: Callable[[Sample], None] | None,
+    ) -> None:
+        self.executor, self.slots, self.log, self.on_sample = executor, slots, log, on_sample
+        self.pool = ThreadPoolExecutor(max_workers=slots, thread_name_prefix="trial")
+        self.futures: dict[Future[TrialReport], tuple[Candidate, Trial]] = {}
+        self.kills: dict[int | None, Kill] = {}
+        self.stopping = threading.Event()
+
+    def free(self) -> bool:
+        return len(self.futures) < self.slots
+
+    def busy(self) -> bool:
+        return bool(self.futures)
+
+    def start(self, candidate: Candidate, trial: Trial, spec: TrialSpec) -> None:
+        def started(kill: Kill, key: int | None = trial.id) -> None:
+            self.kills[key] = kill
+            if self.stopping.is_set():  # interrupted while it was still building
+                kill()
+
+        future = self.pool.submit(
+            self.executor.run_trial, spec, on_sample=self.on_sample, on_start=started, log=self.log
+        )
+        self.futures[future] = (candidate, trial)
+
+    def finished(self) -> list[tuple[Candidate, Trial, TrialReport]]:
+        """Wait for at least one trial to end; those that ended, in the order they started."""
+        done, _ = wait(self.futures, return_when=FIRST_COMPLETED)
+        out = []
+        for future in [f for f in self.futures if f in done]:
+            candidate, trial = self.futures.pop(future)
+            self.kills.pop(trial.id, None)
+            out.append((candidate, trial, future.result()))
+        return out
+
+    def __enter__(self) -> "_Running":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stopping.set()
+        for kill in list(self.kills.values()):
+            kill()
+        self.pool.shutdown(wait=True, cancel_futures=True)
 
 
 __all__ = ["Quiet", "TrialEvents", "run_job"]

@@ -1,5 +1,6 @@
 """End to end: `bisect-cli run` on the offline fixture, real uv, real child processes."""
 
+import itertools
 import json
 import os
 import signal
@@ -11,6 +12,7 @@ from pathlib import Path
 
 import psutil
 import pytest
+from packaging.version import Version
 
 EXAMPLE_REPRO = Path(__file__).resolve().parents[1] / "service" / "example" / "repro.py"
 CLI = [sys.executable, "-m", "service.cli"]
@@ -237,3 +239,34 @@ def test_find_fix_finds_the_first_release_that_stops_leaking(
     assert "last_good" not in report and "first_bad" not in report
     verdicts = {c["version"]: c["verdict"] for c in report["candidates"]}
     assert verdicts["1.0.2"] == "leak" and verdicts["1.0.9"] == "clean"
+
+
+def test_jobs_2_finds_the_same_answer_with_the_same_verdicts(
+    bisection, fixture_index: str, uv_cache: Path, reachable_tmp: Path
+) -> None:
+    """Two trials side by side: the planner cuts the range in more parts, the verdicts agree."""
+    one = json.loads(bisection[0].stdout)  # the same job with one trial at a time
+    db = reachable_tmp / "jobs2.db"
+    proc = cli(run_args("1.0.0..1.0.9", fixture_index, db, "--jobs", "2", "--no-reuse"),
+               reachable_tmp, uv_cache)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    two = json.loads(proc.stdout)
+    assert (two["last_good"], two["first_bad"]) == ("1.0.5", "1.0.6")
+    judged = {c["version"]: c["verdict"] for c in two["candidates"] if c["verdict"]}
+    # The fixture's truth: clean before 1.0.6, leaking from it on; both runs agree with it.
+    truth = {v: "leak" if Version(v) >= Version("1.0.6") else "clean" for v in judged}
+    assert judged == truth
+    assert all(truth.get(c["version"], c["verdict"]) == c["verdict"]
+               for c in one["candidates"] if c["verdict"])  # fmt: skip
+    # Trials overlapped: some trial started before the previous one finished.
+    con = sqlite3.connect(db)
+    spans = con.execute(
+        "SELECT started_at, finished_at FROM trial WHERE kind = 'run' ORDER BY started_at"
+    ).fetchall()
+    assert any(b[0] < a[1] for a, b in itertools.pairwise(spans))
+
+
+def test_jobs_out_of_range_is_one_line(reachable_tmp: Path, uv_cache: Path) -> None:
+    proc = cli(["run", "--example", "--jobs", "65"], reachable_tmp, uv_cache, timeout=60)
+    assert proc.returncode == 2
+    assert proc.stderr == "error: --jobs: 65 is out of range; allowed are 1 to 64\n"

@@ -63,8 +63,8 @@ class LiveDisplay:
         self.order = [c.id for c in candidates]
         self.started = time.monotonic()
         self.trials = 0
-        self.current: str | None = None
-        self.current_id: int | None = None
+        # trial id -> (what it runs, its candidate): several with `run --jobs N`.
+        self.running: dict[int | None, tuple[str, int | None]] = {}
         self.memory: Sample | None = None
         self.live = Live(self._render(), console=console, refresh_per_second=4, transient=True)
 
@@ -79,29 +79,32 @@ class LiveDisplay:
         row = Text()
         for cid in self.order:
             _, verdict, testable = self.cells[cid]
-            row.append_text(cell(verdict, testable, cid == self.current_id))
+            busy = any(cid == candidate for _, candidate in self.running.values())
+            row.append_text(cell(verdict, testable, busy))
         first, last = self.cells[self.order[0]][0], self.cells[self.order[-1]][0]
         elapsed = time.monotonic() - self.started
         status = (
             f"{self.package} {first} … {last}   trials: {self.trials}   elapsed: {elapsed:5.0f}s"
         )
         lines = [Text(status), row]
-        if self.current:
+        if self.running:
             memory = ""
-            if self.memory is not None:
+            # Samples carry no trial: the memory line is shown while one trial runs.
+            if self.memory is not None and len(self.running) == 1:
                 memory = f"   rss {self.memory.rss / 2**20:8.1f} MiB"
                 if self.memory.gpu is not None:
                     memory += f"   gpu {self.memory.gpu / 2**20:8.1f} MiB"
                 memory += f"   t={self.memory.t:5.1f}s"
-            lines.append(Text(f"running {self.current}{memory}"))
+            what = ", ".join(label for label, _ in self.running.values())
+            lines.append(Text(f"running {what}{memory}"))
         return Group(*lines)
 
     def refresh(self) -> None:
         self.live.update(self._render())
 
     def trial_started(self, candidate: Candidate, trial: Trial) -> None:
-        self.current = f"{candidate.version} (evaluation {trial.evaluation}, trial {trial.id})"
-        self.current_id = candidate.id
+        label = f"{candidate.version} (evaluation {trial.evaluation}, trial {trial.id})"
+        self.running[trial.id] = (label, candidate.id)
         self.memory = None
         self.refresh()
 
@@ -111,7 +114,7 @@ class LiveDisplay:
     def trial_finished(self, candidate: Candidate, trial: Trial, verdict: Verdict) -> None:
         self.trials += 1
         self.cells[candidate.id][1] = candidate.verdict or verdict.value
-        self.current, self.current_id = None, None
+        self.running.pop(trial.id, None)
         reason = outside((trial.analysis or {}).get("reason", ""))
         self.console.print(
             f"  {candidate.version:<14} trial {trial.id}: {verdict.value:<12} {reason}"

@@ -41,6 +41,18 @@ Example = Annotated[
     ),
 ]
 
+MAX_JOBS = 64
+Jobs = Annotated[
+    int,
+    typer.Option(
+        "--jobs",
+        "-j",
+        help="Trials run side by side, each a capped process of its own (default cap: 80% of "
+        "RAM divided by N); the range is cut into N parts. Not for repros whose timing or GPU "
+        "memory another trial would disturb.",
+    ),
+]
+
 
 def print_report(report: Report, curves: dict[int, list[float]], json_: bool) -> NoReturn:
     """The final report (JSON or Rich) and the exit status of its job status."""
@@ -94,7 +106,7 @@ def _executor(settings: Settings, gpu: GpuProbe | None) -> LocalExecutor:
         fail(str(exc))
 
 
-def _bisect(session: Session, job: Job, executor: LocalExecutor) -> None:
+def _bisect(session: Session, job: Job, executor: LocalExecutor, jobs: int) -> None:
     err = Console(stderr=True)
     candidates = store.candidates_of(session, job)
     with ExitStack() as stack:
@@ -108,6 +120,7 @@ def _bisect(session: Session, job: Job, executor: LocalExecutor) -> None:
                 job,
                 executor=executor,
                 progress=display,
+                jobs=jobs,
             )
         except KeyboardInterrupt:
             err.print("interrupted: job cancelled")
@@ -121,6 +134,7 @@ def run(
     json_: Json = False,
     database_url: DatabaseUrl = None,
     example: Example = False,
+    jobs: Jobs = 1,
     **options: Any,
 ) -> None:
     """Bisect a release range locally and report the first leaking release.
@@ -128,6 +142,8 @@ def run(
     Exit status: 0 found, 3 a bound failed its check, 4 inconclusive, 2 bad input,
     1 internal error.
     """
+    if not 1 <= jobs <= MAX_JOBS:
+        fail(f"--jobs: {jobs} is out of range; allowed are 1 to {MAX_JOBS}")
     settings = get_settings()
     with ExitStack() as stack:
         if example:
@@ -137,7 +153,7 @@ def run(
             options["range_"] = options.get("range_") or EXAMPLE_RANGE
         request = job_request(options, build=build_request)
         url = database_url or settings.effective_database_url
-        gpu = open_probe(settings.gpu_exclusive)
+        gpu = open_probe(settings.gpu_exclusive, sharers=jobs)
         executor = _executor(settings, gpu)  # the sandbox users and directories, first
         engine = _open_database(url)
         with Session(engine) as session:
@@ -147,7 +163,7 @@ def run(
                 Console(stderr=True).print(
                     f"job {job.id}: {count} candidates, results in {shown(url)}"
                 )
-            _bisect(session, job, executor)
+            _bisect(session, job, executor, jobs)
             candidates, trials = store.candidates_of(session, job), store.trials_of(session, job)
             report = build_report(job, candidates, trials)
             curves = {} if json_ else curves_for(session, report)
