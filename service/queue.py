@@ -11,6 +11,12 @@ Lease rules
   anything else raises `StaleLease` (the API answers 409 and the runner kills its trial). A trial
   id that does not exist raises `TrialNotFound`.
 - A heartbeat moves the deadline to `now + lease_s`.
+- When the API starts it renews every lease to at least `now + lease_s` (`renew_leases`):
+  nobody could heartbeat or report while it was down, so an outage of any length costs no
+  runner its lease, and a report spooled on the runner is taken once the API is back.
+- A refusal (StaleLease) names the caller's own lease and never the holder's runner or
+  attempt. Which runner a request comes from is the API's business (its runner secret,
+  service/api/routes/runners.py); the queue trusts the runner id it is given.
 - Giving a lease back (runner shutdown) or a runner leaving requeues its trials with
   `attempt -= 1`: an orderly return is not a failed attempt.
 - The reaper takes leased trials whose deadline passed: below `max_attempts` they are queued
@@ -50,6 +56,13 @@ Each function commits, so each is one transaction - except `lock_for_report`, wh
 transaction open holding the trial's row lock (Postgres) or the write lock (SQLite) so the caller
 records the report under the lease it checked and then commits, and `cancel_open_trials` and
 `job_lock`, which run inside the caller's transaction.
+
+A completion (service/api/routes/runners.py) is: `check_lease` (a plain read, no lock), then
+the classification of the report with no lock and no transaction held (the slow part: a
+20,000-sample series), then `lock_for_report` and the stored rows and commit (the short part).
+The lease may change between the read and the lock; the lock's conditional UPDATE re-checks it,
+so a report is stored only under the lease it names, exactly as before, and no other request
+waits on the write lock while a report is classified.
 """
 
 import threading
@@ -112,9 +125,9 @@ def _why_stale(session: Session, trial_id: int, runner_id: str, attempt: int) ->
     if trial.status == TrialStatus.CANCELLED:
         return StaleLease(f"trial {trial_id} was cancelled")
     if trial.status == TrialStatus.LEASED:
+        # Never name the holder: a runner learns nothing about another runner's lease.
         return StaleLease(
-            f"trial {trial_id} is leased to runner {trial.runner_id} attempt {trial.attempt}, "
-            f"not {runner_id} attempt {attempt}"
+            f"trial {trial_id} is held by another lease, not runner {runner_id} attempt {attempt}"
         )
     return StaleLease(
         f"trial {trial_id} is {trial.status}, not leased to runner {runner_id} attempt {attempt}"
@@ -201,6 +214,39 @@ def claim_local(
     trial_id = session.exec(stmt).scalar_one_or_none()
     session.commit()
     return None if trial_id is None else _load(session, trial_id)
+
+
+def check_lease(session: Session, trial_id: int, runner_id: str, attempt: int) -> Trial:
+    """The trial if the lease is current right now, else StaleLease; locks nothing.
+
+    A read, so its answer can change before the caller writes: it only spares work (the
+    classification of a report that would be refused anyway). The write re-checks under
+    `lock_for_report`.
+    """
+    trial = _load(session, trial_id)
+    held = (trial.status, trial.runner_id, trial.attempt) == (
+        TrialStatus.LEASED,
+        runner_id,
+        attempt,
+    )
+    if not held:
+        raise _why_stale(session, trial_id, runner_id, attempt)
+    return trial
+
+
+def renew_leases(session: Session, *, lease_s: float, now: datetime | None = None) -> int:
+    """Give every leased trial at least `lease_s` more (the API is starting): while it was
+    down no runner could heartbeat or report, and a runner still holding its finished report
+    must not find the trial reaped the moment the API is back. Returns how many."""
+    deadline = (now or utcnow()) + timedelta(seconds=lease_s)
+    stmt = _update(
+        Trial.status == TrialStatus.LEASED,
+        col(Trial.lease_expires_at) < deadline,
+        lease_expires_at=deadline,
+    )
+    count = session.exec(stmt).rowcount  # type: ignore[call-overload]
+    session.commit()
+    return count
 
 
 def lock_for_report(session: Session, trial_id: int, runner_id: str, attempt: int) -> Trial:
