@@ -398,13 +398,12 @@ class Agent:
             self.log(f"spool: {name} is unreadable; set aside as .bad")
         for entry in entries:
             self.log(f"trial {entry.trial_id}: resending the spooled report")
-            self._deliver(entry)
-            if self.stopping.is_set():
-                return
+            if not self._deliver(entry):
+                return  # stopping with the server still away: the rest wait too
 
-    def _deliver(self, entry: Spooled) -> None:
-        """Post a spooled report until the server stores it or refuses it for good; when
-        stopping meanwhile, leave it spooled for the next start."""
+    def _deliver(self, entry: Spooled) -> bool:
+        """Post a spooled report until the server stores it or refuses it for good (True);
+        when stopping meanwhile, leave it spooled for the next start (False)."""
         trial_id, report = entry.trial_id, entry.report
         summary = (
             f"env failed: {report.env.error}"
@@ -418,12 +417,12 @@ class Agent:
             except StaleLeaseError as exc:
                 entry.discard()
                 self.log(f"trial {trial_id}: report refused, lease lost ({exc})")
-                return
+                return True
             except ApiError as exc:
                 if exc.status < 500 and exc.status not in RETRY_4XX:
                     entry.discard()
                     self.log(f"trial {trial_id}: report refused: {exc}")
-                    return
+                    return True
                 why: str = str(exc)
             except ApiUnreachable as exc:
                 why = str(exc)
@@ -432,13 +431,13 @@ class Agent:
                 self.trials_done += 1
                 verdict = (answer or {}).get("verdict", "?")
                 self.log(f"trial {trial_id}: done ({summary}): {verdict}")
-                return
+                return True
             kept = "spooled; " if entry.path is not None else ""
             self.log(f"trial {trial_id}: report not delivered ({why}); {kept}retry in {delay:g}s")
             if self.stopping.wait(delay):
                 where = f"; kept in {entry.path}" if entry.path is not None else " (lost)"
                 self.log(f"trial {trial_id}: report not delivered before stopping{where}")
-                return
+                return False
             delay = min(self.report_retry_max_s, delay * 2)
 
     def _give_back(self, lease: Lease, why: str) -> None:
