@@ -25,9 +25,9 @@ simply re-leased by the server's reaper).
 
 Reports are never lost to an outage: a finished report is spooled to the state
 directory (runners/spool.py) before it is posted, then posted again and again
-(backoff doubling to ``report_retry_max_s``) until the server stores it or
-refuses it for good (409 lease lost, 403, 404, any other 4xx); only then is it
-removed. Stopping while the server is still away leaves it spooled, and the next
+(backoff doubling to ``report_retry_max_s``, at most a third of the lease) until
+the server stores it or refuses it for good (409 lease lost, 403, 404, any other
+4xx); only then is it removed. Stopping while the server is still away leaves it spooled, and the next
 agent started on the same state directory sends it before it registers. The
 server renews every lease when it starts (service/queue.py), so a report
 delivered soon after the server is back is stored, however long it was away.
@@ -72,9 +72,9 @@ Log = Callable[[str], None]
 LEASE_WAIT_S = 20.0
 GRACE_S = 30.0
 IDLE_RETRY_S = 2.0  # after a failed lease request (server down), before the next
-# Between deliveries of a spooled report: doubling from 1 s up to this. Keep it well under
-# the server's lease (30 s by default): the lease renewed when the server comes back must
-# still hold when the next delivery lands.
+# Between deliveries of a spooled report: doubling from 0.5 s up to this, and never more
+# than a third of the server's lease: the lease the server renews when it comes back
+# (service/queue.py) must still hold when the next delivery lands.
 REPORT_RETRY_MAX_S = 10.0
 # Worth retrying although 4xx: the server may take the same report later.
 RETRY_4XX = {408, 429}
@@ -215,6 +215,7 @@ class Agent:
         self.report_retry_max_s = report_retry_max_s
         self.runner_id: str | None = None
         self.heartbeat_s = 10.0
+        self.lease_s: float | None = None  # the server's, once registered
         self.stopping = threading.Event()
         self.hurry = threading.Event()  # second signal: no grace period
         self.current: _Trial | None = None
@@ -256,6 +257,7 @@ class Agent:
         )
         self.runner_id = reg.runner_id
         self.heartbeat_s = reg.heartbeat_s
+        self.lease_s = reg.lease_s
         self._left = False
         gpus = f"{caps.gpu_count} GPU" + ("s" if caps.gpu_count != 1 else "")
         self.log(
@@ -410,10 +412,16 @@ class Agent:
             if not report.env.ok
             else report.error or f"exit {report.exit_code}, {report.duration_s:.1f}s"
         )
-        delay = 1.0
+        cap = self.report_retry_max_s
+        if self.lease_s:
+            cap = min(cap, self.lease_s / 3)
+        delay = min(0.5, cap)
         while True:
             try:
-                answer = self.client.complete(trial_id, report, secret=entry.runner_secret)
+                # One try per round: this loop's backoff is the one bounded by the lease.
+                answer = self.client.complete(
+                    trial_id, report, secret=entry.runner_secret, retries=0
+                )
             except StaleLeaseError as exc:
                 entry.discard()
                 self.log(f"trial {trial_id}: report refused, lease lost ({exc})")
@@ -438,7 +446,7 @@ class Agent:
                 where = f"; kept in {entry.path}" if entry.path is not None else " (lost)"
                 self.log(f"trial {trial_id}: report not delivered before stopping{where}")
                 return False
-            delay = min(self.report_retry_max_s, delay * 2)
+            delay = min(cap, delay * 2)
 
     def _give_back(self, lease: Lease, why: str) -> None:
         assert self.runner_id is not None

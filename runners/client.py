@@ -187,6 +187,7 @@ class ApiClient:
         params: dict[str, Any] | None = None,
         timeout: httpx.Timeout | None = None,
         headers: dict[str, str] | None = None,
+        retries: int | None = None,
     ) -> httpx.Response:
         """Send with retries (the same request, headers included, every time); a 2xx
         response, else `ApiError` / `ApiUnreachable`."""
@@ -194,6 +195,7 @@ class ApiClient:
             json = json.model_dump(mode="json")
         if params:
             params = {k: v for k, v in params.items() if v is not None}
+        retries = self.retries if retries is None else retries
         attempt = 0
         while True:
             try:
@@ -206,7 +208,7 @@ class ApiClient:
                     timeout=timeout or self.timeout,
                 )
             except RETRYABLE as exc:
-                if attempt >= self.retries:
+                if attempt >= retries:
                     raise ApiUnreachable(self.url(path), _reason(exc)) from None
                 self._wait(attempt, f"{method} {path}: {_reason(exc)}")
                 attempt += 1
@@ -214,7 +216,7 @@ class ApiClient:
             except httpx.HTTPError as exc:  # bad URL, unsupported protocol...: not worth retrying
                 raise ApiUnreachable(self.url(path), _reason(exc)) from None
             if response.status_code >= 500:
-                if attempt >= self.retries:
+                if attempt >= retries:
                     raise ApiError(response.status_code, _detail(response))
                 self._wait(attempt, f"{method} {path}: HTTP {response.status_code}")
                 attempt += 1
@@ -318,12 +320,18 @@ class ApiClient:
         )
 
     def complete(
-        self, trial_id: int, report: TrialReport, secret: str | None = None
+        self,
+        trial_id: int,
+        report: TrialReport,
+        secret: str | None = None,
+        retries: int | None = None,
     ) -> dict[str, Any]:
         """Upload the result (with ``runner_id`` and ``attempt``) -> ``{"verdict"}``;
-        `secret`: that runner's, when it is not this client's (a spooled report)."""
+        `secret`: that runner's, when it is not this client's (a spooled report);
+        `retries`: instead of the client's own (the agent retries a spooled report itself)."""
         path = f"/trials/{trial_id}/complete"
-        return self._json("POST", path, json=report, headers=self._runner(secret))
+        headers = self._runner(secret)
+        return self._json("POST", path, json=report, headers=headers, retries=retries)
 
     def give_back(self, trial_id: int, lease_return: LeaseReturn) -> None:
         """Return an unfinished trial to the queue without using up an attempt."""

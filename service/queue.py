@@ -57,12 +57,14 @@ transaction open holding the trial's row lock (Postgres) or the write lock (SQLi
 records the report under the lease it checked and then commits, and `cancel_open_trials` and
 `job_lock`, which run inside the caller's transaction.
 
-A completion (service/api/routes/runners.py) is: `check_lease` (a plain read, no lock), then
-the classification of the report with no lock and no transaction held (the slow part: a
-20,000-sample series), then `lock_for_report` and the stored rows and commit (the short part).
-The lease may change between the read and the lock; the lock's conditional UPDATE re-checks it,
-so a report is stored only under the lease it names, exactly as before, and no other request
-waits on the write lock while a report is classified.
+A completion (service/api/routes/runners.py) is: `renew_for_report` (one short conditional
+UPDATE, committed: the lease is current and now runs another lease_s, so the reaper leaves it
+alone), then the classification of the report with no lock and no transaction held (the slow
+part: a 20,000-sample series, and on a fresh process scipy's import), then `lock_for_report`,
+the stored rows and commit (the short part). The lease may still change between the two
+(a cancel); the lock's conditional UPDATE re-checks it, so a report is stored only under the
+lease it names, exactly as before, and no other request waits on the write lock while a
+report is classified.
 """
 
 import threading
@@ -216,22 +218,17 @@ def claim_local(
     return None if trial_id is None else _load(session, trial_id)
 
 
-def check_lease(session: Session, trial_id: int, runner_id: str, attempt: int) -> Trial:
-    """The trial if the lease is current right now, else StaleLease; locks nothing.
-
-    A read, so its answer can change before the caller writes: it only spares work (the
-    classification of a report that would be refused anyway). The write re-checks under
-    `lock_for_report`.
-    """
-    trial = _load(session, trial_id)
-    held = (trial.status, trial.runner_id, trial.attempt) == (
-        TrialStatus.LEASED,
-        runner_id,
-        attempt,
-    )
-    if not held:
-        raise _why_stale(session, trial_id, runner_id, attempt)
-    return trial
+def renew_for_report(
+    session: Session, trial_id: int, runner_id: str, attempt: int, *, lease_s: float
+) -> Trial:
+    """Check the lease and extend it to now + lease_s, committed (a heartbeat without a
+    memory figure): the report is then classified with no lock held, and the reaper must
+    not take the trial meanwhile. StaleLease when the lease is not current. The write
+    re-checks the lease under `lock_for_report`."""
+    deadline = utcnow() + timedelta(seconds=lease_s)
+    _checked(session, trial_id, runner_id, attempt, {"lease_expires_at": deadline})
+    session.commit()
+    return _load(session, trial_id)
 
 
 def renew_leases(session: Session, *, lease_s: float, now: datetime | None = None) -> int:

@@ -204,7 +204,9 @@ def complete(
     if not report.runner_id:
         raise InvalidInput("field required", field="runner_id")
     authenticate(session, secret, report.runner_id)
-    trial = queue.check_lease(session, trial_id, report.runner_id, report.attempt)
+    trial = queue.renew_for_report(
+        session, trial_id, report.runner_id, report.attempt, lease_s=settings.lease_s
+    )
     job = session.get(Job, trial.job_id)
     assert job is not None
     judged = judge(job, report) if trial.kind == TrialKind.RUN else None
