@@ -27,10 +27,11 @@ Reports are never lost to an outage: a finished report is spooled to the state
 directory (runners/spool.py) before it is posted, then posted again and again
 (backoff doubling to ``report_retry_max_s``, at most a third of the lease) until
 the server stores it or refuses it for good (409 lease lost, 403, 404, any other
-4xx); only then is it removed. Stopping while the server is still away leaves it spooled, and the next
-agent started on the same state directory sends it before it registers. The
-server renews every lease when it starts (service/queue.py), so a report
-delivered soon after the server is back is stored, however long it was away.
+4xx); only then is it removed. Stopping while the server is still away leaves
+it spooled, and the next agent started on the same state directory sends it
+before it registers. The server renews every lease when it starts
+(service/queue.py), so a report delivered soon after the server is back is
+stored, however long it was away.
 
 Every event is one log line through ``log`` (default: stderr, with a time).
 """

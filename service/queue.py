@@ -58,13 +58,13 @@ records the report under the lease it checked and then commits, and `cancel_open
 `job_lock`, which run inside the caller's transaction.
 
 A completion (service/api/routes/runners.py) is: `renew_for_report` (one short conditional
-UPDATE, committed: the lease is current and now runs another lease_s, so the reaper leaves it
-alone), then the classification of the report with no lock and no transaction held (the slow
-part: a 20,000-sample series, and on a fresh process scipy's import), then `lock_for_report`,
-the stored rows and commit (the short part). The lease may still change between the two
-(a cancel); the lock's conditional UPDATE re-checks it, so a report is stored only under the
-lease it names, exactly as before, and no other request waits on the write lock while a
-report is classified.
+UPDATE, committed: the lease is current and is now held for minutes, so the reaper leaves it
+alone while the report is judged), then the classification of the report with no lock and no
+transaction held (the slow part: a 20,000-sample series, and in a fresh process scipy's
+import), then `lock_for_report`, the stored rows and commit (the short part). The lease may
+still change between the two (a cancel); the lock's conditional UPDATE re-checks it, so a
+report is stored only under the lease it names, exactly as before, and no other request
+waits on the write lock while a report is classified.
 """
 
 import threading
@@ -219,13 +219,15 @@ def claim_local(
 
 
 def renew_for_report(
-    session: Session, trial_id: int, runner_id: str, attempt: int, *, lease_s: float
+    session: Session, trial_id: int, runner_id: str, attempt: int, *, hold_s: float
 ) -> Trial:
-    """Check the lease and extend it to now + lease_s, committed (a heartbeat without a
+    """Check the lease and extend it to now + hold_s, committed (a heartbeat without a
     memory figure): the report is then classified with no lock held, and the reaper must
-    not take the trial meanwhile. StaleLease when the lease is not current. The write
-    re-checks the lease under `lock_for_report`."""
-    deadline = utcnow() + timedelta(seconds=lease_s)
+    not take the trial meanwhile, however slow that is (a cold scipy import alone can take
+    seconds), so `hold_s` is far longer than a lease. StaleLease when the lease is not
+    current. The write re-checks the lease under `lock_for_report`; should the request die
+    before it, the runner sends its spooled report again within the hold."""
+    deadline = utcnow() + timedelta(seconds=hold_s)
     _checked(session, trial_id, runner_id, attempt, {"lease_expires_at": deadline})
     session.commit()
     return _load(session, trial_id)

@@ -272,3 +272,34 @@ def test_reports_are_classified_with_no_lock_held(
         queue.lock_for_report(session, spec["trial_id"], runner, spec["attempt"])
         assert lock_is_free(url, spec["trial_id"]) is False
         session.rollback()
+
+
+def test_the_reaper_leaves_a_trial_whose_report_is_being_judged(
+    make_client: Callable[..., Any], fixture_index: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Judging runs outside the lock, so the lease is held meanwhile: a reaper that runs
+    while the report is classified, a whole lease later and more, takes nothing."""
+    from datetime import timedelta
+
+    from service import queue
+    from service.models import utcnow
+
+    reaped: list[list[int]] = []
+    judge = runner_routes.judge
+
+    def slow(job: Job, report_: Any) -> Any:
+        with Session(get_engine(url)) as session:
+            later = utcnow() + timedelta(seconds=60)  # twice the lease has passed
+            reaped.append([t.id for t in queue.reap(session, now=later)])  # type: ignore[misc]
+        return judge(job, report_)
+
+    monkeypatch.setattr(runner_routes, "judge", slow)
+    with make_client(lease_s=30) as client:
+        url = settings_url(client)
+        runner = register(client, "slow-judge")
+        submit(client, fixture_index)
+        held = lease(client, runner)
+        assert held is not None
+        done = complete(client, held, runner)
+        assert (done.status_code, done.json()) == (200, {"verdict": "clean"})
+    assert reaped == [[]]

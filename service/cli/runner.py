@@ -104,8 +104,10 @@ def runner(
     else it is killed and given back; then the runner leaves and exits 0 (a
     second signal skips the grace period). Exit 2: bad --labels or the server
     refused the registration (HTTP 4xx, e.g. a wrong token); 1: server unreachable.
-    A finished report is kept in --state-dir until the server takes it, through outages
-    and restarts of the server or of this runner.
+
+    A finished report is kept in --state-dir until the server takes it, through outages and
+    restarts of the server or of this runner. The token is read from --token-file or env
+    BISECT_RUNNER_TOKEN, never from the command line.
     """
     if argv_token is not None:
         fail(

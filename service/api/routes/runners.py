@@ -48,6 +48,9 @@ router = APIRouter(tags=["runners"], dependencies=[RunnerAuth])
 
 POLL_S = 0.2
 MAX_WAIT_S = 60
+# While a completion's report is classified (outside the lock) its lease is held this long:
+# the reaper must not take the trial from under a report that is being judged.
+REPORT_HOLD_S = 300.0
 
 
 class RunnerNotRegistered(NotFound):
@@ -205,7 +208,11 @@ def complete(
         raise InvalidInput("field required", field="runner_id")
     authenticate(session, secret, report.runner_id)
     trial = queue.renew_for_report(
-        session, trial_id, report.runner_id, report.attempt, lease_s=settings.lease_s
+        session,
+        trial_id,
+        report.runner_id,
+        report.attempt,
+        hold_s=max(REPORT_HOLD_S, settings.lease_s),
     )
     job = session.get(Job, trial.job_id)
     assert job is not None
