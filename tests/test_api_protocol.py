@@ -303,3 +303,42 @@ def test_the_reaper_leaves_a_trial_whose_report_is_being_judged(
         done = complete(client, held, runner)
         assert (done.status_code, done.json()) == (200, {"verdict": "clean"})
     assert reaped == [[]]
+
+
+def test_hostile_headers_are_4xx(client: TestClient, fixture_index: str) -> None:
+    runner = register(client, "r")
+    cases = [
+        (
+            client.post(
+                f"{API}/runners/{runner}/lease",
+                params={"wait": 0},
+                headers={"X-Runner-Secret": "x" * 201},
+            ),
+            422,
+            "X-Runner-Secret: String should have at most 200 characters",
+        ),
+        (
+            client.post(
+                f"{API}/jobs", json=body(fixture_index), headers={"Idempotency-Key": "k" * 201}
+            ),
+            422,
+            "Idempotency-Key: must be 1 to 200 printable ASCII characters without spaces",
+        ),
+        (
+            client.post(
+                f"{API}/jobs",
+                json=body(fixture_index),
+                headers={"Idempotency-Key": "caf\u00e9".encode()},  # type: ignore[dict-item]
+            ),
+            422,
+            "Idempotency-Key: must be 1 to 200 printable ASCII characters without spaces",
+        ),
+        (
+            client.post(f"{API}/jobs", json=body(fixture_index), headers={"Idempotency-Key": ""}),
+            422,
+            "Idempotency-Key: must be 1 to 200 printable ASCII characters without spaces",
+        ),
+    ]
+    for response, status, detail in cases:
+        assert (response.status_code, response.json()) == (status, {"detail": detail})
+    assert client.get(f"{API}/jobs").json()["total"] == 0
