@@ -324,9 +324,12 @@ def runner_process(api: str, runners: int, target: int, max_s: float, samples: i
     clients = [client(api) for _ in range(runners)]
     capabilities = {"memory_bytes": 64 << 30, "cpus": 8, "pythons": ["3.12"]}
     ids = []
+    secret: dict[str, dict[str, str]] = {}  # runner id -> its X-Runner-Secret header
     for n, c in enumerate(clients):
         body = {"name": f"bench-{n}", "capabilities": capabilities, "labels": {"bench": "api"}}
-        ids.append(c.request("POST", "/runners", json=body).json()["runner_id"])
+        registered = c.request("POST", "/runners", json=body).json()
+        ids.append(registered["runner_id"])
+        secret[registered["runner_id"]] = {"X-Runner-Secret": registered["runner_secret"]}
     report = TrialReport(
         trial_id=0,
         env=EnvResult(ok=True, freeze=["leakyfixture==2.0.0"], resolution="constrained"),
@@ -356,7 +359,12 @@ def runner_process(api: str, runners: int, target: int, max_s: float, samples: i
         try:
             while time.monotonic() < stop_at and claimed[0] < target:
                 t0 = time.monotonic()
-                response = c.request("POST", f"/runners/{runner_id}/lease", params={"wait": 1})
+                response = c.request(
+                    "POST",
+                    f"/runners/{runner_id}/lease",
+                    params={"wait": 1},
+                    headers=secret[runner_id],
+                )
                 mine["lease"].append(time.monotonic() - t0)
                 if response.status_code == 204:
                     counts["lease 204"] += 1
@@ -369,12 +377,14 @@ def runner_process(api: str, runners: int, target: int, max_s: float, samples: i
                     claimed[0] += 1
                 beat = {"runner_id": runner_id, "attempt": attempt, "rss": 500 * MIB}
                 t0 = time.monotonic()
-                c.request("POST", f"/trials/{trial_id}/heartbeat", json=beat)
+                path = f"/trials/{trial_id}/heartbeat"
+                c.request("POST", path, json=beat, headers=secret[runner_id])
                 mine["heartbeat"].append(time.monotonic() - t0)
                 counts["heartbeat"] += 1
                 body = report | {"trial_id": trial_id, "attempt": attempt, "runner_id": runner_id}
                 t0 = time.monotonic()
-                verdict = c.request("POST", f"/trials/{trial_id}/complete", json=body).json()
+                path = f"/trials/{trial_id}/complete"
+                verdict = c.request("POST", path, json=body, headers=secret[runner_id]).json()
                 done_at = time.monotonic()
                 mine["complete"].append(done_at - t0)
                 counts["complete"] += 1
@@ -395,7 +405,7 @@ def runner_process(api: str, runners: int, target: int, max_s: float, samples: i
     for thread in threads:
         thread.join()
     for c, runner_id in zip(clients, ids, strict=True):
-        c.request("DELETE", f"/runners/{runner_id}")
+        c.request("DELETE", f"/runners/{runner_id}", headers=secret[runner_id])
         c.close()
     conn.send(
         {

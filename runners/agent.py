@@ -23,6 +23,16 @@ Network trouble never stops the agent: the client retries with backoff, and
 the loop keeps trying after that (a lease that is not heartbeated in time is
 simply re-leased by the server's reaper).
 
+Reports are never lost to an outage: a finished report is spooled to the state
+directory (runners/spool.py) before it is posted, then posted again and again
+(backoff doubling to ``report_retry_max_s``, at most a third of the lease) until
+the server stores it or refuses it for good (409 lease lost, 403, 404, any other
+4xx); only then is it removed. Stopping while the server is still away leaves
+it spooled, and the next agent started on the same state directory sends it
+before it registers. The server renews every lease when it starts
+(service/queue.py), so a report delivered soon after the server is back is
+stored, however long it was away.
+
 Every event is one log line through ``log`` (default: stderr, with a time).
 """
 
@@ -36,6 +46,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable
+from pathlib import Path
 from types import FrameType
 from typing import Any
 
@@ -43,6 +54,7 @@ import psutil
 
 from runners.client import ApiClient, ApiError, ApiUnreachable, StaleLeaseError
 from runners.nvml import GpuProbe
+from runners.spool import Spool, Spooled
 from runners.trial import Executor, Kill
 from runners.uvrun import installed_pythons
 from runners.wire import (
@@ -61,6 +73,12 @@ Log = Callable[[str], None]
 LEASE_WAIT_S = 20.0
 GRACE_S = 30.0
 IDLE_RETRY_S = 2.0  # after a failed lease request (server down), before the next
+# Between deliveries of a spooled report: doubling from 0.5 s up to this, and never more
+# than a third of the server's lease: the lease the server renews when it comes back
+# (service/queue.py) must still hold when the next delivery lands.
+REPORT_RETRY_MAX_S = 10.0
+# Worth retrying although 4xx: the server may take the same report later.
+RETRY_4XX = {408, 429}
 
 
 def stderr_log(line: str) -> None:
@@ -182,6 +200,8 @@ class Agent:
         grace_s: float = GRACE_S,
         log: Log | None = None,
         capabilities: RunnerCapabilities | None = None,
+        state_dir: Path | None = None,
+        report_retry_max_s: float = REPORT_RETRY_MAX_S,
     ):
         self.client = client
         self.name = name
@@ -192,8 +212,11 @@ class Agent:
         self.grace_s = grace_s
         self.log = log or stderr_log
         self._capabilities = capabilities
+        self.spool = Spool(state_dir)
+        self.report_retry_max_s = report_retry_max_s
         self.runner_id: str | None = None
         self.heartbeat_s = 10.0
+        self.lease_s: float | None = None  # the server's, once registered
         self.stopping = threading.Event()
         self.hurry = threading.Event()  # second signal: no grace period
         self.current: _Trial | None = None
@@ -235,6 +258,7 @@ class Agent:
         )
         self.runner_id = reg.runner_id
         self.heartbeat_s = reg.heartbeat_s
+        self.lease_s = reg.lease_s
         self._left = False
         gpus = f"{caps.gpu_count} GPU" + ("s" if caps.gpu_count != 1 else "")
         self.log(
@@ -245,6 +269,9 @@ class Agent:
 
     def run(self) -> int:
         """Serve until stopped; returns the exit status (0). Registration errors raise."""
+        self._resend_spooled()
+        if self.stopping.is_set():
+            return 0
         self.register()
         try:
             while not self.stopping.is_set():
@@ -349,10 +376,9 @@ class Agent:
         if giving_back or report is None:
             self._give_back(lease, "shutting down")
             return
-        self._complete(
-            spec.trial_id,
-            report.model_copy(update={"runner_id": self.runner_id, "attempt": spec.attempt}),
-        )
+        report = report.model_copy(update={"runner_id": self.runner_id, "attempt": spec.attempt})
+        assert self.runner_id is not None
+        self._deliver(self.spool.put(report, self.runner_id, self.client.runner_secret))
 
     def _heartbeat(self, trial: _Trial) -> str | None:
         """Extend the lease; the reason when it is lost (409), else None."""
@@ -368,23 +394,60 @@ class Agent:
             self.log(f"trial {trial.spec.trial_id}: heartbeat failed: {exc}")
         return None
 
-    def _complete(self, trial_id: int, report: TrialReport) -> None:
+    def _resend_spooled(self) -> None:
+        """Send the reports an earlier agent left in the state directory."""
+        entries, bad = self.spool.pending()
+        for name in bad:
+            self.log(f"spool: {name} is unreadable; set aside as .bad")
+        for entry in entries:
+            self.log(f"trial {entry.trial_id}: resending the spooled report")
+            if not self._deliver(entry):
+                return  # stopping with the server still away: the rest wait too
+
+    def _deliver(self, entry: Spooled) -> bool:
+        """Post a spooled report until the server stores it or refuses it for good (True);
+        when stopping meanwhile, leave it spooled for the next start (False)."""
+        trial_id, report = entry.trial_id, entry.report
         summary = (
             f"env failed: {report.env.error}"
             if not report.env.ok
             else report.error or f"exit {report.exit_code}, {report.duration_s:.1f}s"
         )
-        try:
-            answer = self.client.complete(trial_id, report)
-        except StaleLeaseError as exc:
-            self.log(f"trial {trial_id}: report refused, lease lost ({exc})")
-            return
-        except (ApiError, ApiUnreachable) as exc:
-            self.log(f"trial {trial_id}: report not delivered: {exc}")
-            return
-        self.trials_done += 1
-        verdict = (answer or {}).get("verdict", "?")
-        self.log(f"trial {trial_id}: done ({summary}): {verdict}")
+        cap = self.report_retry_max_s
+        if self.lease_s:
+            cap = min(cap, self.lease_s / 3)
+        delay = min(0.5, cap)
+        while True:
+            try:
+                # One try per round: this loop's backoff is the one bounded by the lease.
+                answer = self.client.complete(
+                    trial_id, report, secret=entry.runner_secret, retries=0
+                )
+            except StaleLeaseError as exc:
+                entry.discard()
+                self.log(f"trial {trial_id}: report refused, lease lost ({exc})")
+                return True
+            except ApiError as exc:
+                if exc.status < 500 and exc.status not in RETRY_4XX:
+                    entry.discard()
+                    self.log(f"trial {trial_id}: report refused: {exc}")
+                    return True
+                why: str = str(exc)
+            except ApiUnreachable as exc:
+                why = str(exc)
+            else:
+                entry.discard()
+                self.trials_done += 1
+                verdict = (answer or {}).get("verdict", "?")
+                self.log(f"trial {trial_id}: done ({summary}): {verdict}")
+                return True
+            kept = "spooled; " if entry.path is not None else ""
+            self.log(f"trial {trial_id}: report not delivered ({why}); {kept}retry in {delay:g}s")
+            if self.stopping.wait(delay):
+                where = f"; kept in {entry.path}" if entry.path is not None else " (lost)"
+                self.log(f"trial {trial_id}: report not delivered before stopping{where}")
+                return False
+            delay = min(cap, delay * 2)
 
     def _give_back(self, lease: Lease, why: str) -> None:
         assert self.runner_id is not None

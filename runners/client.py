@@ -13,17 +13,23 @@ Transport rules:
   subclass `StaleLeaseError` (the lease was lost or the job cancelled: the
   runner must kill its trial).
 
-Retrying a POST whose answer was lost may repeat it on the server (a second
-job for `submit`; a lease that then expires for `lease`); the API's lease
-rules make the runner-side repeats harmless.
+Retrying a POST whose answer was lost may repeat it on the server. `submit`
+sends an ``Idempotency-Key`` (one per call, the same on every retry), so the
+server answers a repeat with the job the first request created; a repeated
+`lease` only holds a lease that then expires; the lease rules make the other
+runner-side repeats harmless.
 
-The token is sent as ``Authorization: Bearer ...`` and appears in no message,
-log line or ``repr``.
+Runners: `register` keeps the runner secret the server returns and sends it as
+``X-Runner-Secret`` on every later runner request (`runner_secret` presets one,
+for a runner resuming an identity it stored).
+
+The token and the runner secret appear in no message, log line or ``repr``.
 """
 
 from __future__ import annotations
 
 import time
+import uuid
 from collections.abc import Callable
 from typing import Any
 
@@ -32,6 +38,8 @@ from pydantic import BaseModel
 
 from runners.wire import (
     API_PREFIX,
+    IDEMPOTENCY_HEADER,
+    RUNNER_SECRET_HEADER,
     Heartbeat,
     HeartbeatAck,
     Lease,
@@ -137,8 +145,10 @@ class ApiClient:
         transport: httpx.BaseTransport | None = None,
         sleep: Callable[[float], None] = time.sleep,
         on_retry: Callable[[str], None] | None = None,
+        runner_secret: str | None = None,
     ):
         self.base_url = api_root(base_url)
+        self.runner_secret = runner_secret
         self.timeout = timeout
         self.retries = retries
         self.backoff = backoff
@@ -176,20 +186,29 @@ class ApiClient:
         json: Any = None,
         params: dict[str, Any] | None = None,
         timeout: httpx.Timeout | None = None,
+        headers: dict[str, str] | None = None,
+        retries: int | None = None,
     ) -> httpx.Response:
-        """Send with retries; a 2xx response, else `ApiError` / `ApiUnreachable`."""
+        """Send with retries (the same request, headers included, every time); a 2xx
+        response, else `ApiError` / `ApiUnreachable`."""
         if isinstance(json, BaseModel):
             json = json.model_dump(mode="json")
         if params:
             params = {k: v for k, v in params.items() if v is not None}
+        retries = self.retries if retries is None else retries
         attempt = 0
         while True:
             try:
                 response = self._http.request(
-                    method, path, json=json, params=params, timeout=timeout or self.timeout
+                    method,
+                    path,
+                    json=json,
+                    params=params,
+                    headers=headers,
+                    timeout=timeout or self.timeout,
                 )
             except RETRYABLE as exc:
-                if attempt >= self.retries:
+                if attempt >= retries:
                     raise ApiUnreachable(self.url(path), _reason(exc)) from None
                 self._wait(attempt, f"{method} {path}: {_reason(exc)}")
                 attempt += 1
@@ -197,7 +216,7 @@ class ApiClient:
             except httpx.HTTPError as exc:  # bad URL, unsupported protocol...: not worth retrying
                 raise ApiUnreachable(self.url(path), _reason(exc)) from None
             if response.status_code >= 500:
-                if attempt >= self.retries:
+                if attempt >= retries:
                     raise ApiError(response.status_code, _detail(response))
                 self._wait(attempt, f"{method} {path}: HTTP {response.status_code}")
                 attempt += 1
@@ -220,9 +239,14 @@ class ApiClient:
 
     # -- clients
 
-    def submit(self, request: BaseModel | dict[str, Any]) -> dict[str, Any]:
-        """``POST /jobs`` -> ``{"id", "url", "status"}``."""
-        return self._json("POST", "/jobs", json=request)
+    def submit(
+        self, request: BaseModel | dict[str, Any], idempotency_key: str | None = None
+    ) -> dict[str, Any]:
+        """``POST /jobs`` -> ``{"id", "url", "status"}``. Every retry sends the same
+        ``Idempotency-Key`` (a new one per call unless given), so a request whose answer was
+        lost creates one job: the server answers the repeat with it (200, not 201)."""
+        key = idempotency_key or uuid.uuid4().hex
+        return self._json("POST", "/jobs", json=request, headers={IDEMPOTENCY_HEADER: key})
 
     def list_jobs(
         self,
@@ -243,13 +267,30 @@ class ApiClient:
     def get_trial(self, trial_id: int) -> dict[str, Any]:
         return self._json("GET", f"/trials/{trial_id}")
 
-    def get_samples(self, trial_id: int) -> dict[str, Any]:
-        return self._json("GET", f"/trials/{trial_id}/samples")
+    def get_samples(
+        self,
+        trial_id: int,
+        *,
+        offset: int = 0,
+        limit: int | None = None,
+        max_points: int | None = None,
+    ) -> dict[str, Any]:
+        params = {"offset": offset or None, "limit": limit, "max_points": max_points}
+        return self._json("GET", f"/trials/{trial_id}/samples", params=params)
 
     # -- runners
 
+    def _runner(self, secret: str | None = None) -> dict[str, str]:
+        secret = secret or self.runner_secret
+        return {RUNNER_SECRET_HEADER: secret} if secret else {}
+
     def register(self, registration: RunnerRegister) -> RunnerRegistered:
-        return RunnerRegistered.model_validate(self._json("POST", "/runners", json=registration))
+        """Join; keeps the returned secret for this client's later runner requests."""
+        registered = RunnerRegistered.model_validate(
+            self._json("POST", "/runners", json=registration)
+        )
+        self.runner_secret = registered.runner_secret
+        return registered
 
     def lease(self, runner_id: str, wait: float = 20.0) -> Lease | None:
         """Long-poll for a trial: a `Lease`, or None when no work came within ``wait``."""
@@ -260,7 +301,11 @@ class ApiClient:
             pool=self.timeout.pool,
         )
         response = self.request(
-            "POST", f"/runners/{runner_id}/lease", params={"wait": wait}, timeout=timeout
+            "POST",
+            f"/runners/{runner_id}/lease",
+            params={"wait": wait},
+            timeout=timeout,
+            headers=self._runner(),
         )
         if response.status_code == 204 or not response.content:
             return None
@@ -269,16 +314,29 @@ class ApiClient:
     def heartbeat(self, trial_id: int, beat: Heartbeat) -> HeartbeatAck:
         """Extend the lease; `StaleLeaseError` means: kill the trial."""
         return HeartbeatAck.model_validate(
-            self._json("POST", f"/trials/{trial_id}/heartbeat", json=beat)
+            self._json(
+                "POST", f"/trials/{trial_id}/heartbeat", json=beat, headers=self._runner()
+            )
         )
 
-    def complete(self, trial_id: int, report: TrialReport) -> dict[str, Any]:
-        """Upload the result (with ``runner_id`` and ``attempt``) -> ``{"verdict"}``."""
-        return self._json("POST", f"/trials/{trial_id}/complete", json=report)
+    def complete(
+        self,
+        trial_id: int,
+        report: TrialReport,
+        secret: str | None = None,
+        retries: int | None = None,
+    ) -> dict[str, Any]:
+        """Upload the result (with ``runner_id`` and ``attempt``) -> ``{"verdict"}``;
+        `secret`: that runner's, when it is not this client's (a spooled report);
+        `retries`: instead of the client's own (the agent retries a spooled report itself)."""
+        path = f"/trials/{trial_id}/complete"
+        headers = self._runner(secret)
+        return self._json("POST", path, json=report, headers=headers, retries=retries)
 
     def give_back(self, trial_id: int, lease_return: LeaseReturn) -> None:
         """Return an unfinished trial to the queue without using up an attempt."""
-        self.request("POST", f"/trials/{trial_id}/return", json=lease_return)
+        path = f"/trials/{trial_id}/return"
+        self.request("POST", path, json=lease_return, headers=self._runner())
 
     def leave(self, runner_id: str) -> None:
-        self.request("DELETE", f"/runners/{runner_id}")
+        self.request("DELETE", f"/runners/{runner_id}", headers=self._runner())

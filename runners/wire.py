@@ -13,6 +13,10 @@ from pydantic import BaseModel, Field, model_validator
 
 # Every endpoint of the API is under this path (docs/api.md).
 API_PREFIX = "/api/v1"
+# The header a runner sends its secret in (from `RunnerRegistered.runner_secret`).
+RUNNER_SECRET_HEADER = "X-Runner-Secret"
+# The header a client names a submission with, so that a retried POST /jobs is not a new job.
+IDEMPOTENCY_HEADER = "Idempotency-Key"
 # A report carries at most this many samples; a longer trial is downsampled on the runner
 # (`runners.series.downsample`: min and max of each bucket, so floors and spikes survive).
 MAX_REPORT_SAMPLES = 20_000
@@ -138,6 +142,8 @@ class RunnerRegister(BaseModel):
 
 class RunnerRegistered(BaseModel):
     runner_id: str
+    # Sent back as X-Runner-Secret on every later request; shown once, stored only hashed.
+    runner_secret: str
     lease_s: float
     heartbeat_s: float
 

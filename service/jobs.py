@@ -43,11 +43,14 @@ def create_job(
     local: bool = False,
     fetch: FetchPolicy = LOCAL,
     owner: str | None = None,
+    idempotency: str | None = None,
 ) -> Job:
     """List the range's releases and store the job with its candidates (committed).
 
     `local`: made by `bisect-cli run`, whose process runs it (see service/queue.py);
-    `fetch`: what reading the indexes may reach (the API's is strict: service/api/policy.py).
+    `fetch`: what reading the indexes may reach (the API's is strict: service/api/policy.py);
+    `idempotency`: the submission's digest, unique (a duplicate raises IntegrityError at the
+    insert, before any candidate is written).
     """
     found = releases_for(request, fetch)
     job = Job.model_validate(
@@ -68,6 +71,7 @@ def create_job(
             "machine": machine,
             "local": local,
             "owner": owner,
+            "idempotency": idempotency,
         },
     )
     session.add(job)

@@ -92,6 +92,9 @@ class Job(JobOptions, table=True):
     local: bool = Field(default=False, index=True)
     # The name of the token that submitted it (service/api/deps.py); None in an open service.
     owner: str | None = Field(default=None, index=True)
+    # sha256 of (owner, the submission's Idempotency-Key): a retried POST /jobs finds this job
+    # instead of creating another (service/api/routes/jobs.py). Unique; None without a key.
+    idempotency: str | None = Field(default=None, unique=True)
 
 
 class Candidate(SQLModel, table=True):
@@ -175,3 +178,6 @@ class Runner(SQLModel, table=True):
     labels: dict[str, str] = _json({})
     gpu_count: int = 0
     active: bool = True
+    # sha256 (hex) of the secret registration returned; the secret itself is never stored.
+    # Every later runner request presents the secret (X-Runner-Secret), which names the runner.
+    secret_hash: str | None = Field(default=None, unique=True)

@@ -11,6 +11,12 @@ Lease rules
   anything else raises `StaleLease` (the API answers 409 and the runner kills its trial). A trial
   id that does not exist raises `TrialNotFound`.
 - A heartbeat moves the deadline to `now + lease_s`.
+- When the API starts it renews every lease to at least `now + lease_s` (`renew_leases`):
+  nobody could heartbeat or report while it was down, so an outage of any length costs no
+  runner its lease, and a report spooled on the runner is taken once the API is back.
+- A refusal (StaleLease) names the caller's own lease and never the holder's runner or
+  attempt. Which runner a request comes from is the API's business (its runner secret,
+  service/api/routes/runners.py); the queue trusts the runner id it is given.
 - Giving a lease back (runner shutdown) or a runner leaving requeues its trials with
   `attempt -= 1`: an orderly return is not a failed attempt.
 - The reaper takes leased trials whose deadline passed: below `max_attempts` they are queued
@@ -50,6 +56,15 @@ Each function commits, so each is one transaction - except `lock_for_report`, wh
 transaction open holding the trial's row lock (Postgres) or the write lock (SQLite) so the caller
 records the report under the lease it checked and then commits, and `cancel_open_trials` and
 `job_lock`, which run inside the caller's transaction.
+
+A completion (service/api/routes/runners.py) is: `renew_for_report` (one short conditional
+UPDATE, committed: the lease is current and is now held for minutes, so the reaper leaves it
+alone while the report is judged), then the classification of the report with no lock and no
+transaction held (the slow part: a 20,000-sample series, and in a fresh process scipy's
+import), then `lock_for_report`, the stored rows and commit (the short part). The lease may
+still change between the two (a cancel); the lock's conditional UPDATE re-checks it, so a
+report is stored only under the lease it names, exactly as before, and no other request
+waits on the write lock while a report is classified.
 """
 
 import threading
@@ -112,9 +127,9 @@ def _why_stale(session: Session, trial_id: int, runner_id: str, attempt: int) ->
     if trial.status == TrialStatus.CANCELLED:
         return StaleLease(f"trial {trial_id} was cancelled")
     if trial.status == TrialStatus.LEASED:
+        # Never name the holder: a runner learns nothing about another runner's lease.
         return StaleLease(
-            f"trial {trial_id} is leased to runner {trial.runner_id} attempt {trial.attempt}, "
-            f"not {runner_id} attempt {attempt}"
+            f"trial {trial_id} is held by another lease, not runner {runner_id} attempt {attempt}"
         )
     return StaleLease(
         f"trial {trial_id} is {trial.status}, not leased to runner {runner_id} attempt {attempt}"
@@ -201,6 +216,36 @@ def claim_local(
     trial_id = session.exec(stmt).scalar_one_or_none()
     session.commit()
     return None if trial_id is None else _load(session, trial_id)
+
+
+def renew_for_report(
+    session: Session, trial_id: int, runner_id: str, attempt: int, *, hold_s: float
+) -> Trial:
+    """Check the lease and extend it to now + hold_s, committed (a heartbeat without a
+    memory figure): the report is then classified with no lock held, and the reaper must
+    not take the trial meanwhile, however slow that is (a cold scipy import alone can take
+    seconds), so `hold_s` is far longer than a lease. StaleLease when the lease is not
+    current. The write re-checks the lease under `lock_for_report`; should the request die
+    before it, the runner sends its spooled report again within the hold."""
+    deadline = utcnow() + timedelta(seconds=hold_s)
+    _checked(session, trial_id, runner_id, attempt, {"lease_expires_at": deadline})
+    session.commit()
+    return _load(session, trial_id)
+
+
+def renew_leases(session: Session, *, lease_s: float, now: datetime | None = None) -> int:
+    """Give every leased trial at least `lease_s` more (the API is starting): while it was
+    down no runner could heartbeat or report, and a runner still holding its finished report
+    must not find the trial reaped the moment the API is back. Returns how many."""
+    deadline = (now or utcnow()) + timedelta(seconds=lease_s)
+    stmt = _update(
+        Trial.status == TrialStatus.LEASED,
+        col(Trial.lease_expires_at) < deadline,
+        lease_expires_at=deadline,
+    )
+    count = session.exec(stmt).rowcount  # type: ignore[call-overload]
+    session.commit()
+    return count
 
 
 def lock_for_report(session: Session, trial_id: int, runner_id: str, attempt: int) -> Trial:

@@ -12,7 +12,7 @@ from sqlalchemy import func
 from sqlmodel import Session, col, select
 
 from runners.errors import NotFound
-from service.models import Candidate, Job, JobStatus, MemorySample, Trial
+from service.models import Candidate, Job, JobStatus, MemorySample, Runner, Trial
 
 # Ids are 64-bit in every database; anything larger names nothing.
 MAX_ID = (1 << 63) - 1
@@ -63,6 +63,34 @@ def samples_of(session: Session, trial_ids: list[int]) -> dict[int, list[MemoryS
     for sample in session.exec(query):
         out[sample.trial_id].append(sample)
     return out
+
+
+def samples_page(
+    session: Session, trial_id: int, *, offset: int = 0, limit: int | None = None
+) -> tuple[list[MemorySample], int]:
+    """A slice of one trial's samples in time order (ties by insertion), and how many it
+    has in all."""
+    where = col(MemorySample.trial_id) == trial_id
+    total = session.exec(select(func.count()).select_from(MemorySample).where(where)).one()
+    query = (
+        select(MemorySample)
+        .where(where)
+        .order_by(col(MemorySample.t), col(MemorySample.id))
+        .offset(offset)
+        .limit(limit)
+    )
+    return list(session.exec(query)), total
+
+
+def runner_by_secret_hash(session: Session, secret_hash: str) -> Runner | None:
+    """The runner whose registration returned the secret with this sha256, if any."""
+    query = select(Runner).where(col(Runner.secret_hash) == secret_hash)
+    return session.exec(query.execution_options(populate_existing=True)).first()
+
+
+def job_by_idempotency(session: Session, idempotency: str) -> Job | None:
+    """The job a submission with this (owner, key) digest created, if any."""
+    return session.exec(select(Job).where(col(Job.idempotency) == idempotency)).first()
 
 
 def _canonical(column: Any) -> Any:

@@ -1,5 +1,7 @@
 """Trials: how a runner's report is stored and judged (what it is told: service/specs.py)."""
 
+from typing import Any
+
 from sqlalchemy import insert
 from sqlmodel import Session
 
@@ -16,13 +18,49 @@ def classifier_settings(job: Job) -> ClassifierSettings:
     return ClassifierSettings(**job.classifier)
 
 
+Judgement = tuple[Verdict, dict[str, Any]]
+
+
+def judge(job: Job, report: TrialReport) -> Judgement:
+    """The verdict and analysis of a run trial's report. Pure (no session, no lock): the API
+    calls it before it locks the trial (service/queue.py, Concurrency)."""
+    env = report.env
+    if not env.ok:
+        # An environment that cannot be built makes the release untestable, never guilty.
+        return Verdict.SKIP, {"reason": f"environment failed: {env.error}"}
+    if report.error and report.exit_code is None:
+        return Verdict.ERROR, {"reason": report.error}
+    samples = report.samples
+    gpu = [s.gpu for s in samples] if report.gpu_source != "unavailable" else None
+    run = classify_run(
+        [s.t for s in samples],
+        [s.rss for s in samples],
+        gpu,
+        report.steps,
+        exit_code=report.exit_code,
+        oom_killed=report.oom_killed,
+        timed_out=report.timed_out,
+        settings=classifier_settings(job),
+    )
+    analysis = run.to_dict()
+    analysis["growth_mib"] = _headline_growth(run.to_dict())
+    return run.verdict, analysis
+
+
 def record_report(
-    session: Session, job: Job, candidate: Candidate, trial: Trial, report: TrialReport
+    session: Session,
+    job: Job,
+    candidate: Candidate,
+    trial: Trial,
+    report: TrialReport,
+    judged: Judgement | None = None,
 ) -> Verdict | None:
     """Store a runner's report with its samples and the classifier's verdict (None for a
-    resolve trial, which has no verdict)."""
+    resolve trial, which has no verdict). `judged`: `judge(job, report)`, computed
+    beforehand by a caller that holds a lock now; else it is computed here."""
     if trial.kind == TrialKind.RESOLVE:
         return _record_resolution(session, job, trial, report)
+    verdict, analysis = judged or judge(job, report)
     trial.status = TrialStatus.DONE
     trial.finished_at = utcnow()
     trial.exit_code = report.exit_code
@@ -41,26 +79,6 @@ def record_report(
     candidate.resolution_note = env.resolution_note or env.error
     candidate.env_seconds = env.seconds
 
-    if not env.ok:
-        # An environment that cannot be built makes the release untestable, never guilty.
-        verdict, analysis = Verdict.SKIP, {"reason": f"environment failed: {env.error}"}
-    elif report.error and report.exit_code is None:
-        verdict, analysis = Verdict.ERROR, {"reason": report.error}
-    else:
-        samples = report.samples
-        gpu = [s.gpu for s in samples] if report.gpu_source != "unavailable" else None
-        run = classify_run(
-            [s.t for s in samples],
-            [s.rss for s in samples],
-            gpu,
-            report.steps,
-            exit_code=report.exit_code,
-            oom_killed=report.oom_killed,
-            timed_out=report.timed_out,
-            settings=classifier_settings(job),
-        )
-        verdict, analysis = run.verdict, run.to_dict()
-        analysis["growth_mib"] = _headline_growth(run.to_dict())
     trial.verdict = verdict.value
     trial.analysis = analysis
     if report.samples:

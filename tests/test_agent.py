@@ -5,8 +5,10 @@ lease back (in-process and through SIGTERM to `bisect-cli runner`); a trial that
 ends within the grace period is still reported.
 """
 
+import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -17,17 +19,21 @@ from typing import Any
 
 import pytest
 import uvicorn
+from typer.testing import CliRunner
 
 from runners.agent import Agent, parse_labels
 from runners.client import ApiClient
+from runners.spool import Spool
 from runners.trial import LocalExecutor
-from runners.wire import RunnerCapabilities
+from runners.wire import EnvResult, Lease, RunnerCapabilities, RunnerRegister, TrialReport
 from service.api.app import create_app
+from service.cli import app
 from service.cli.serve import bind
 from service.settings import Settings
 
 SLEEPER = "import time\nprint('sleeping', flush=True)\ntime.sleep(60)\n"
-REPRO = (Path(__file__).resolve().parents[1] / "service" / "example" / "repro.py").read_text()
+REPRO_PATH = Path(__file__).resolve().parents[1] / "service" / "example" / "repro.py"
+REPRO = REPRO_PATH.read_text()
 CAPS = RunnerCapabilities(cpus=1, pythons=["3"], platform="test")
 
 
@@ -288,3 +294,171 @@ def test_sigterm_to_the_runner_command_returns_the_lease(
     assert f"trial {trial['id']}: lease given back (shutting down)" in text
     assert "left (" in text
     assert "Traceback" not in text
+
+
+# ------------------------------------------------------------------ faults: spool, lost answers
+
+
+def tid(lease_: Lease) -> int:
+    return lease_.trial.trial_id
+
+
+def test_a_spooled_report_is_sent_when_the_runner_starts_again(
+    client: ApiClient, fixture_index: str, reachable_tmp: Path, uv_cache: Path, tmp_path: Path
+) -> None:
+    """A runner died after spooling a finished report: the next one on the same state dir
+    sends it (as the runner that held the lease) before it registers; one whose lease is
+    gone is refused (409) and dropped. Either way the spool ends empty."""
+    job_id = submit(client, fixture_index, REPRO)
+    stale_job = submit(client, fixture_index, REPRO, range_="1.0.1..1.0.2")
+    with ApiClient(client.base_url, retries=0) as dead:
+        me = dead.register(RunnerRegister(name="died-after-spooling", capabilities=CAPS))
+        held = [wait_until(lambda: dead.lease(me.runner_id, wait=1), 20, "a lease")]
+        held.append(wait_until(lambda: dead.lease(me.runner_id, wait=1), 20, "another lease"))
+    by_job = {client.get_trial(tid(h))["job_id"]: h for h in held}
+    live, stale = by_job[job_id], by_job[stale_job]
+    client.cancel(stale_job)  # its lease goes stale
+    state = tmp_path / "state"
+    spool = Spool(state)
+    for lease_ in (live, stale):
+        report = TrialReport(
+            trial_id=tid(lease_),
+            attempt=lease_.trial.attempt,
+            runner_id=me.runner_id,
+            env=EnvResult(ok=True),
+            pins=[f"leakyfixture=={lease_.trial.env.version}"],
+        )
+        spool.put(report, me.runner_id, me.runner_secret)
+    entries = sorted((state / "spool").iterdir())
+    assert [p.name for p in entries] == [f"trial-{t}-a1.json" for t in sorted(map(tid, held))]
+    assert (state / "spool").stat().st_mode & 0o777 == 0o700  # they hold the runner secret
+    assert {p.stat().st_mode & 0o777 for p in entries} == {0o600}
+
+    at = AgentThread(client, reachable_tmp, uv_cache, state_dir=state)
+    at.agent.stop()  # resend, then stop before registering: no trial runs here
+    assert at.agent.run() == 0
+    assert at.saw(f"trial {tid(live)}: resending the spooled report")
+    assert at.saw(f"trial {tid(live)}: done (exit None, 0.0s): None")
+    assert at.saw(f"trial {tid(stale)}: report refused, lease lost (HTTP 409: trial {tid(stale)}")
+    assert list((state / "spool").iterdir()) == []
+    info = client.get_trial(tid(live))
+    assert (info["status"], info["runner_id"], info["attempt"]) == ("done", me.runner_id, 1)
+    assert client.get_trial(tid(stale))["status"] == "cancelled"
+    client.cancel(job_id)
+
+
+class DroppingProxy:
+    """An HTTP proxy in front of the API that loses the first answer to `POST .../jobs`:
+    the server has committed the job, the client sees the connection close with no answer
+    (as when a load balancer or the network drops it). One request per connection."""
+
+    def __init__(self, upstream: str) -> None:
+        host, port = upstream.removeprefix("http://").split(":")
+        self.upstream = (host, int(port))
+        self.sock = bind("127.0.0.1", 0)
+        self.sock.listen(8)
+        self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}"
+        self.dropped = 0
+        self.seen: list[str] = []
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _serve(self) -> None:
+        while True:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return
+            with conn:
+                self._one(conn)
+
+    @staticmethod
+    def _read_request(conn: socket.socket) -> bytes:
+        data = b""
+        while b"\r\n\r\n" not in data:
+            data += conn.recv(65536)
+        head, _, rest = data.partition(b"\r\n\r\n")
+        length = 0
+        for line in head.split(b"\r\n")[1:]:
+            name, _, value = line.partition(b":")
+            if name.strip().lower() == b"content-length":
+                length = int(value)
+        while len(rest) < length:
+            rest += conn.recv(65536)
+        lines = [
+            line for line in head.split(b"\r\n") if not line.lower().startswith(b"connection:")
+        ]
+        return b"\r\n".join([*lines, b"Connection: close"]) + b"\r\n\r\n" + rest
+
+    def _one(self, conn: socket.socket) -> None:
+        request = self._read_request(conn)
+        line = request.split(b"\r\n", 1)[0].decode()
+        self.seen.append(line)
+        with socket.create_connection(self.upstream) as up:
+            up.sendall(request)
+            answer = b""
+            while chunk := up.recv(65536):
+                answer += chunk
+        if line.startswith("POST /api/v1/jobs ") and self.dropped == 0:
+            self.dropped += 1
+            return  # committed upstream; the client gets nothing
+        conn.sendall(answer)
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+def test_a_submit_whose_answer_is_lost_creates_one_job(
+    server: str, client: ApiClient, fixture_index: str
+) -> None:
+    proxy = DroppingProxy(server)
+    before = client.list_jobs()["total"]
+    try:
+        result = CliRunner().invoke(
+            app,
+            ["submit", str(REPRO_PATH), "--package", "leakyfixture", "--range", "1.0.0..1.0.1"]
+            + ["--index-url", fixture_index, "--no-reuse", "--server", proxy.url, "--json"],
+            env={"BISECT_HTTP_RETRIES": "2"},
+        )
+    finally:
+        proxy.close()
+    assert result.exit_code == 0, result.stderr
+    assert proxy.dropped == 1
+    assert [line.split()[:2] for line in proxy.seen] == [["POST", "/api/v1/jobs"]] * 2
+    created = json.loads(result.stdout)
+    page = client.list_jobs()
+    assert page["total"] == before + 1  # the retry found the first job
+    assert page["items"][0]["id"] == created["id"]
+    client.cancel(created["id"])
+
+
+def test_logs_strip_terminal_control_sequences(
+    server: str, client: ApiClient, fixture_index: str
+) -> None:
+    """What a script prints reaches `bisect-cli logs` through a runner's report: escape
+    sequences (clear screen, window title, colours) and control characters are gone."""
+    job_id = submit(client, fixture_index, "pass", range_="1.0.0..1.0.1")
+    noisy = "\x1b[2J\x1b]0;owned\x07hello \x1b[31mred\x1b[0m\x07\x08 world\rdone\n"
+    with ApiClient(server, retries=0) as runner:
+        me = runner.register(RunnerRegister(name="noisy", capabilities=CAPS))
+        while True:
+            held = wait_until(lambda: runner.lease(me.runner_id, wait=1), 20, "a lease")
+            if client.get_trial(tid(held))["job_id"] != job_id:
+                continue  # an earlier test's leftover: left to expire
+            spec = held.trial
+            report = TrialReport(
+                trial_id=spec.trial_id,
+                attempt=spec.attempt,
+                runner_id=me.runner_id,
+                env=EnvResult(ok=True),
+                pins=[f"leakyfixture=={spec.env.version}"] if spec.kind == "resolve" else None,
+                exit_code=0,
+                log_tail=noisy,
+            )
+            runner.complete(spec.trial_id, report)
+            if spec.kind == "run":
+                break
+    result = CliRunner().invoke(app, ["logs", str(spec.trial_id), "--server", server])
+    assert result.exit_code == 0, result.stderr
+    assert result.stdout == "hello red world\ndone\n"
+    assert "\x1b" not in result.stderr and "\x07" not in result.stderr
+    client.cancel(job_id)

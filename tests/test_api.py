@@ -127,6 +127,14 @@ def job(client: TestClient, job_id: int) -> dict[str, Any]:
     return response.json()
 
 
+# Each registered runner's secret, by runner id: the helpers below send it as the runner would.
+SECRETS: dict[str, str] = {}
+
+
+def as_runner(runner_id: str) -> dict[str, str]:
+    return {"X-Runner-Secret": SECRETS.get(runner_id, "")}
+
+
 def register(client: TestClient, name: str, gpus: int = 0) -> str:
     capabilities = {
         "gpus": [{"name": "H100", "memory_bytes": 80 << 30}] * gpus,
@@ -141,11 +149,14 @@ def register(client: TestClient, name: str, gpus: int = 0) -> str:
     assert response.status_code == 201, response.text
     answer = response.json()
     assert answer["runner_id"].startswith("r-")
+    SECRETS[answer["runner_id"]] = answer["runner_secret"]
     return answer["runner_id"]
 
 
 def lease(client: TestClient, runner_id: str, wait: float = 0) -> dict[str, Any] | None:
-    response = client.post(f"{API}/runners/{runner_id}/lease", params={"wait": wait})
+    response = client.post(
+        f"{API}/runners/{runner_id}/lease", params={"wait": wait}, headers=as_runner(runner_id)
+    )
     if response.status_code == 204:
         return None
     assert response.status_code == 200, response.text
@@ -182,7 +193,11 @@ def report(held: dict[str, Any], runner_id: str) -> dict[str, Any]:
 
 def complete(client: TestClient, held: dict[str, Any], runner_id: str) -> Any:
     trial_id = held["trial"]["trial_id"]
-    return client.post(f"{API}/trials/{trial_id}/complete", json=report(held, runner_id))
+    return client.post(
+        f"{API}/trials/{trial_id}/complete",
+        json=report(held, runner_id),
+        headers=as_runner(runner_id),
+    )
 
 
 def heartbeat(client: TestClient, held: dict[str, Any], runner_id: str) -> Any:
@@ -190,6 +205,7 @@ def heartbeat(client: TestClient, held: dict[str, Any], runner_id: str) -> Any:
     return client.post(
         f"{API}/trials/{spec['trial_id']}/heartbeat",
         json={"runner_id": runner_id, "attempt": spec["attempt"], "rss": 123},
+        headers=as_runner(runner_id),
     )
 
 
@@ -313,7 +329,8 @@ def test_unknown_ids_are_404(client: TestClient) -> None:
         response = client.get(f"{API}/{path}")
         assert (response.status_code, response.json()) == (404, {"detail": f"{what} not found"})
     assert client.post(f"{API}/jobs/99/cancel").status_code == 404
-    response = client.post(f"{API}/runners/r-nobody/lease", params={"wait": 0})
+    nobody = {"X-Runner-Secret": "not-a-secret"}
+    response = client.post(f"{API}/runners/r-nobody/lease", params={"wait": 0}, headers=nobody)
     assert response.status_code == 404
     assert response.json()["detail"] == "runner r-nobody is not registered; register again"
 
@@ -447,13 +464,14 @@ def test_stale_lease_is_refused_and_the_reaper_requeues(
         assert (again["trial"]["trial_id"], again["trial"]["attempt"]) == (trial_id, 2)
         response = heartbeat(client, held, old)
         assert response.status_code == 409
+        # The holder (runner `new`, attempt 2) is never named to another runner.
         assert response.json()["detail"] == (
-            f"trial {trial_id} is leased to runner {new} attempt 2, not {old} attempt 1"
+            f"trial {trial_id} is held by another lease, not runner {old} attempt 1"
         )
         response = complete(client, held, old)
         assert response.status_code == 409
         assert response.json()["detail"] == (
-            f"trial {trial_id} is leased to runner {new} attempt 2, not {old} attempt 1"
+            f"trial {trial_id} is held by another lease, not runner {old} attempt 1"
         )
 
         assert complete(client, again, new).json() == {"verdict": "clean"}
@@ -510,24 +528,23 @@ def test_return_and_leave_requeue_without_using_an_attempt(
     held = lease(client, first)
     assert held is not None
     trial_id = held["trial"]["trial_id"]
-    response = client.post(
-        f"{API}/trials/{trial_id}/return", json={"runner_id": first, "attempt": 1}
-    )
+    back = {"runner_id": first, "attempt": 1}
+    response = client.post(f"{API}/trials/{trial_id}/return", json=back, headers=as_runner(first))
     assert response.json() == {"trial_id": trial_id, "status": "queued"}
-    assert (
-        client.post(
-            f"{API}/trials/{trial_id}/return", json={"runner_id": first, "attempt": 1}
-        ).status_code
-        == 409
-    )
+    again = client.post(f"{API}/trials/{trial_id}/return", json=back, headers=as_runner(first))
+    assert again.status_code == 409
 
     held = lease(client, second)
     assert held is not None and held["trial"]["attempt"] == 1
-    assert client.delete(f"{API}/runners/{second}").status_code == 204
+    assert client.delete(f"{API}/runners/{second}", headers=as_runner(second)).status_code == 204
     trial = client.get(f"{API}/trials/{trial_id}").json()
     assert (trial["status"], trial["attempt"], trial["runner_id"]) == ("queued", 0, None)
-    assert client.post(f"{API}/runners/{second}/lease", params={"wait": 0}).status_code == 404
-    assert client.delete(f"{API}/runners/r-nobody").status_code == 404
+    left = client.post(
+        f"{API}/runners/{second}/lease", params={"wait": 0}, headers=as_runner(second)
+    )
+    assert left.status_code == 404
+    nobody = {"X-Runner-Secret": "not-a-secret"}
+    assert client.delete(f"{API}/runners/r-nobody", headers=nobody).status_code == 404
 
 
 def test_complete_must_name_its_trial(client: TestClient, fixture_index: str) -> None:
@@ -536,7 +553,9 @@ def test_complete_must_name_its_trial(client: TestClient, fixture_index: str) ->
     held = lease(client, runner)
     assert held is not None
     sent = report(held, runner) | {"trial_id": 999}
-    response = client.post(f"{API}/trials/{held['trial']['trial_id']}/complete", json=sent)
+    response = client.post(
+        f"{API}/trials/{held['trial']['trial_id']}/complete", json=sent, headers=as_runner(runner)
+    )
     assert response.status_code == 422
     assert response.json()["detail"].startswith("trial_id: the report is for trial 999")
 
@@ -703,7 +722,11 @@ def test_pins_that_do_not_resolve_leave_candidates_free(
         "runner_id": runner,
         "env": {"ok": False, "error": "cannot resolve leakyfixture==1.0.0: no solution"},
     }
-    response = client.post(f"{API}/trials/{held['trial']['trial_id']}/complete", json=failed)
+    response = client.post(
+        f"{API}/trials/{held['trial']['trial_id']}/complete",
+        json=failed,
+        headers=as_runner(runner),
+    )
     assert response.status_code == 200, response.text
     shown = job(client, created["id"])
     assert shown["message"] == (

@@ -119,15 +119,15 @@ def test_the_right_tokens_work(client: TestClient, fixture_index: str) -> None:
     runner = client.post(f"{API}/runners", json={"name": "r"}, headers=bearer(RUNNER_TOKEN))
     assert runner.status_code == 201
     runner_id = runner.json()["runner_id"]
-    lease = client.post(
-        f"{API}/runners/{runner_id}/lease", params={"wait": 0}, headers=bearer(RUNNER_TOKEN)
-    )
+    # The runner token opens the endpoints; the runner's own secret says which runner it is.
+    as_runner = bearer(RUNNER_TOKEN) | {"X-Runner-Secret": runner.json()["runner_secret"]}
+    lease = client.post(f"{API}/runners/{runner_id}/lease", params={"wait": 0}, headers=as_runner)
     assert lease.status_code == 200
     trial = lease.json()["trial"]
     beat = client.post(
         f"{API}/trials/{trial['trial_id']}/heartbeat",
         json={"runner_id": runner_id, "attempt": trial["attempt"]},
-        headers=bearer(RUNNER_TOKEN),
+        headers=as_runner,
     )
     assert beat.status_code == 200
     response = client.get(f"{API}/trials/{trial['trial_id']}", headers=bearer(CLIENT_TOKENS[0]))

@@ -68,11 +68,13 @@ class Service:
     runners: list[subprocess.Popen] = field(default_factory=list)
     logs: list[Path] = field(default_factory=list)
 
-    def start_serve(self, database_url: str, *args: str, **extra_env: str) -> None:
+    def start_serve(
+        self, database_url: str, *args: str, port: int = 0, **extra_env: str
+    ) -> None:
         log = self.home / "serve.log"
-        with log.open("w") as err:
+        with log.open("a") as err:
             self.serve = subprocess.Popen(
-                CLI + ["serve", "--port", "0", "--runners", "0", "--json"]
+                CLI + ["serve", "--port", str(port), "--runners", "0", "--json"]
                 + ["--database-url", database_url, *args],
                 stdout=subprocess.PIPE,
                 stderr=err,
@@ -84,14 +86,14 @@ class Service:
         assert line, log.read_text()
         self.url = json.loads(line)["url"]
 
-    def start_runner(self, name: str) -> subprocess.Popen:
+    def start_runner(self, name: str, *args: str, **extra_env: str) -> subprocess.Popen:
         log = self.home / f"{name}.log"
         with log.open("w") as err:
             proc = subprocess.Popen(
-                CLI + ["runner", "--server", self.url, "--name", name, "--grace", "2"],
+                CLI + ["runner", "--server", self.url, "--name", name, "--grace", "2", *args],
                 stdout=subprocess.DEVNULL,
                 stderr=err,
-                env=self.env,
+                env={**self.env, **extra_env},
             )
         self.runners.append(proc)
         self.logs.append(log)
@@ -422,4 +424,122 @@ def test_serve_workers_refused_on_sqlite(tmp_path: Path) -> None:
     assert result.stderr == (
         "error: --workers: SQLite serves from one process; use a postgresql+psycopg:// "
         "--database-url for more workers\n"
+    )
+
+
+# ------------------------------------------------------------------------------ faults
+
+
+def gated(gate: Path) -> str:
+    """The example repro, held at its start until `gate/go` exists (`started-PID` says it
+    has begun)."""
+    return (
+        "import os, time\n"
+        f"GATE = {str(gate)!r}\n"
+        "open(os.path.join(GATE, f'started-{os.getpid()}'), 'w').close()\n"
+        "while not os.path.exists(os.path.join(GATE, 'go')):\n"
+        "    time.sleep(0.05)\n"
+    ) + REPRO.read_text()
+
+
+def test_an_api_down_longer_than_the_lease_loses_no_report(
+    tmp_path: Path, reachable_tmp: Path, uv_cache: Path, fixture_index: str
+) -> None:
+    """The API is killed (SIGKILL) while a trial runs, stays away for more than twice the
+    lease while the trial finishes, and comes back on the same database: the runner's
+    spooled report is stored under its first lease and the job finds the right release."""
+    gate = reachable_tmp / "gate"
+    gate.mkdir()
+    gate.chmod(0o777)  # the trial user writes its `started` mark here
+    script = tmp_path / "gated.py"
+    script.write_text(gated(gate))
+    svc = Service(tmp_path, make_env(tmp_path, reachable_tmp / "cache", uv_cache))
+    # A lease of 5 s with a heartbeat every second: room for a loaded machine's delays.
+    db, port, lease_s = f"sqlite:///{tmp_path / 'faults.db'}", free_port(), 5
+    svc.start_serve(db, port=port, BISECT_LEASE_S=str(lease_s))
+    try:
+        runner = svc.start_runner(
+            "patient", "--state-dir", str(tmp_path / "state"), BISECT_HTTP_RETRIES="1"
+        )
+        submitted = svc.cli(
+            "submit", str(script), "--package", "leakyfixture", "--range", "1.0.5..1.0.7",
+            "--index-url", fixture_index, "--no-reuse",
+        )  # fmt: skip
+        assert submitted.returncode == 0, submitted.stderr
+        job = int(submitted.stdout.strip().rsplit("/", 1)[1])
+        wait_until(lambda: list(gate.glob("started-*")), 90, "the first run to start")
+        assert svc.serve is not None
+        svc.serve.kill()
+        svc.serve.wait(10)
+        down_at = time.monotonic()
+        (gate / "go").touch()  # the trial finishes while the API is away
+        log = tmp_path / "patient.log"
+        wait_until(lambda: "report not delivered" in log.read_text(), 60, "a failed delivery")
+        # Away for more than twice the lease: without the renewal at start it would be reaped.
+        time.sleep(max(0.0, down_at + 2.5 * lease_s - time.monotonic()))
+        svc.start_serve(db, port=port, BISECT_LEASE_S=str(lease_s))
+        with svc.client() as client:
+            shown = wait_until(
+                lambda: (j := client.get_job(job))["status"] in ("found", "error", "inconclusive")
+                and j,
+                120,
+                "the job to finish",
+            )
+            assert (shown["status"], shown["last_good"], shown["first_bad"]) == (
+                "found",
+                "1.0.5",
+                "1.0.6",
+            ), shown["message"]
+            text = log.read_text()
+            late = {int(line.split("trial ")[1].split(":")[0]) for line in text.splitlines()
+                    if "report not delivered (" in line}  # fmt: skip
+            assert len(late) == 1, text
+            trial_id = late.pop()
+            stored = client.get_trial(trial_id)
+            assert (stored["status"], stored["attempt"]) == ("done", 1), stored
+            assert stored["verdict"] in ("clean", "leak")
+            assert f"trial {trial_id}: done (exit 0" in text
+        assert list((tmp_path / "state" / "spool").iterdir()) == []
+        assert runner.poll() is None  # the runner rode it out
+    finally:
+        svc.stop()
+
+
+def test_the_runner_token_never_is_on_its_command_line(
+    tmp_path: Path, reachable_tmp: Path, uv_cache: Path
+) -> None:
+    token = "runner-token-4c1d"
+    tokens = {"BISECT_RUNNER_TOKENS": f"fleet:{token}", "BISECT_API_TOKENS": "ci:client-tok"}
+    svc = Service(tmp_path, make_env(tmp_path, reachable_tmp, uv_cache))
+    svc.start_serve(f"sqlite:///{tmp_path / 'tok.db'}", **tokens)
+    token_file = tmp_path / "runner.token"
+    token_file.write_text(token + "\n")
+    token_file.chmod(0o600)
+    try:
+        by_file = svc.start_runner("by-file", "--token-file", str(token_file))
+        by_env = svc.start_runner("by-env", BISECT_RUNNER_TOKEN=token)
+        for proc, name in ((by_file, "by-file"), (by_env, "by-env")):
+            log = tmp_path / f"{name}.log"
+            wait_until(lambda log=log: "registered as" in log.read_text(), 30, "registration")
+            argv = Path(f"/proc/{proc.pid}/cmdline").read_bytes()
+            assert b"runner\x00--server" in argv and token.encode() not in argv
+        environ = Path(f"/proc/{by_file.pid}/environ").read_bytes()
+        assert token.encode() not in environ  # the file route leaves no copy in the env
+        wrong = tmp_path / "wrong.token"
+        wrong.write_text("not-the-token\n")
+        refused_by_server = svc.cli("runner", "--token-file", str(wrong), timeout=60)
+        assert refused_by_server.returncode == 2
+        assert refused_by_server.stderr.endswith("error: HTTP 401: invalid bearer token\n")
+    finally:
+        svc.stop()
+    refused = svc.invoke("runner", "--token", token)
+    assert refused.exit_code == 2
+    assert refused.stderr == (
+        "error: --token: a token on the command line is readable by every user "
+        "(/proc/PID/cmdline); use --token-file FILE or env BISECT_RUNNER_TOKEN\n"
+    )
+    missing = svc.invoke("runner", "--token-file", str(tmp_path / "nope"))
+    assert missing.exit_code == 2
+    assert missing.stderr == (
+        f"error: --token-file: cannot read {tmp_path / 'nope'}: No such file or directory\n"
     )

@@ -6,7 +6,7 @@ import httpx
 import pytest
 
 from runners.client import ApiClient, ApiError, ApiUnreachable, StaleLeaseError, api_root
-from runners.wire import EnvResult, Heartbeat, TrialReport
+from runners.wire import EnvResult, Heartbeat, LeaseReturn, RunnerRegister, TrialReport
 
 TOKEN = "s3cret-token-value"
 
@@ -150,3 +150,54 @@ def test_runner_endpoints_shapes() -> None:
         ("POST", "/api/v1/trials/4/complete", ""),
         ("DELETE", "/api/v1/runners/r-1", ""),
     ]
+
+
+def test_the_runner_secret_goes_on_every_runner_request_and_nowhere_else() -> None:
+    seen: list[tuple[str, str | None]] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        seen.append((request.url.path, request.headers.get("X-Runner-Secret")))
+        if request.url.path.endswith("/runners"):
+            body = {"runner_id": "r-1", "runner_secret": "rs-42", "lease_s": 30, "heartbeat_s": 10}
+            return httpx.Response(201, json=body)
+        if request.url.path.endswith("/heartbeat"):
+            return httpx.Response(200, json={"lease_expires_at": "2026-12-03T12:00:00Z"})
+        return httpx.Response(204 if request.url.path.endswith("/lease") else 200, json={})
+
+    client, _ = client_for(handler)
+    client.register(RunnerRegister(name="x"))
+    client.lease("r-1", wait=0)
+    client.heartbeat(3, Heartbeat(runner_id="r-1", attempt=1))
+    report = TrialReport(trial_id=3, runner_id="r-1", env=EnvResult(ok=True))
+    client.complete(3, report)
+    client.complete(3, report, secret="rs-spooled")  # a report spooled by an earlier runner
+    client.give_back(3, LeaseReturn(runner_id="r-1", attempt=1))
+    client.leave("r-1")
+    client.get_job(1)
+    assert seen == [
+        ("/api/v1/runners", None),
+        ("/api/v1/runners/r-1/lease", "rs-42"),
+        ("/api/v1/trials/3/heartbeat", "rs-42"),
+        ("/api/v1/trials/3/complete", "rs-42"),
+        ("/api/v1/trials/3/complete", "rs-spooled"),
+        ("/api/v1/trials/3/return", "rs-42"),
+        ("/api/v1/runners/r-1", "rs-42"),
+        ("/api/v1/jobs/1", None),
+    ]
+    assert "rs-42" not in repr(client)
+
+
+def test_submit_retries_with_one_idempotency_key() -> None:
+    keys: list[str | None] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        keys.append(request.headers.get("Idempotency-Key"))
+        if len(keys) < 3:
+            raise httpx.ReadTimeout("slow", request=request)  # the answer is lost
+        return httpx.Response(200, json={"id": 1, "url": "u", "status": "running"})
+
+    client, sleeps = client_for(handler)
+    assert client.submit({"package": "p"})["id"] == 1
+    assert len(keys) == 3 and len(set(keys)) == 1 and keys[0] and len(sleeps) == 2
+    client.submit({"package": "p"})
+    assert keys[3] != keys[0]  # a new submission, a new key

@@ -39,11 +39,16 @@ def register(client: TestClient, name: str, probe: GpuProbe | None) -> str:
     body = {"name": name, "capabilities": caps.model_dump(mode="json")}
     response = client.post(f"{API}/runners", json=body)
     assert response.status_code == 201, response.text
+    SECRETS[response.json()["runner_id"]] = response.json()["runner_secret"]
     return response.json()["runner_id"]
 
 
+SECRETS: dict[str, str] = {}  # runner id -> the secret its registration returned
+
+
 def lease(client: TestClient, runner_id: str) -> dict | None:
-    response = client.post(f"{API}/runners/{runner_id}/lease", params={"wait": 0})
+    secret = {"X-Runner-Secret": SECRETS[runner_id]}
+    response = client.post(f"{API}/runners/{runner_id}/lease", params={"wait": 0}, headers=secret)
     if response.status_code == 204:
         return None
     assert response.status_code == 200, response.text

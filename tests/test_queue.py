@@ -137,13 +137,14 @@ def test_heartbeat_extends_and_checks_the_lease(session: Session) -> None:
     trial = queue.heartbeat(session, tid, "r-1", 1, lease_s=30, now=later)
     assert trial.lease_expires_at == later + timedelta(seconds=30)
 
-    leased = f"trial {tid} is leased to runner r-1 attempt 1"
+    # The message names the caller's lease, never the holder's (r-1 attempt 1).
+    leased = f"trial {tid} is held by another lease"
     with pytest.raises(StaleLease) as wrong_runner:
         queue.heartbeat(session, tid, "r-2", 1, lease_s=30)
-    assert str(wrong_runner.value) == f"{leased}, not r-2 attempt 1"
+    assert str(wrong_runner.value) == f"{leased}, not runner r-2 attempt 1"
     with pytest.raises(StaleLease) as old_attempt:
         queue.heartbeat(session, tid, "r-1", 0, lease_s=30)
-    assert str(old_attempt.value) == f"{leased}, not r-1 attempt 0"
+    assert str(old_attempt.value) == f"{leased}, not runner r-1 attempt 0"
     with pytest.raises(LookupError, match="trial 999 not found"):
         queue.heartbeat(session, 999, "r-1", 1, lease_s=30)
 
@@ -167,7 +168,7 @@ def test_expired_lease_is_reaped_and_reclaimed(session: Session) -> None:
 
     trial = queue.claim(session, CPU2, lease_s=30, now=T0 + timedelta(seconds=40))
     assert (trial.id, trial.runner_id, trial.attempt) == (tid, "r-2", 2)  # type: ignore[union-attr]
-    stale = f"trial {tid} is leased to runner r-2 attempt 2, not r-1 attempt 1"
+    stale = f"trial {tid} is held by another lease, not runner r-1 attempt 1"
     with pytest.raises(StaleLease, match=f"^{stale}$"):
         queue.heartbeat(session, tid, "r-1", 1, lease_s=30)
     with pytest.raises(StaleLease, match=f"^{stale}$"):

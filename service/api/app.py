@@ -1,6 +1,7 @@
 """The FastAPI application: `create_app()`; every route is under /api/v1 (docs/api.md).
 
-Lifespan: migrate the database (`service.db.upgrade`), then run the
+Lifespan: migrate the database (`service.db.upgrade`), renew every lease (nobody could
+heartbeat while the API was down: `service.queue.renew_leases`), then run the
 maintenance thread (service/api/maintenance.py) until shutdown.
 
 Errors are always `{"detail": "one line"}` (service/api/errors.py).
@@ -11,8 +12,10 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
+from sqlmodel import Session
 
 from runners.wire import API_PREFIX
+from service import queue
 from service.api import errors
 from service.api.guard import Guard
 from service.api.maintenance import Maintenance
@@ -32,6 +35,10 @@ def create_app(settings: Settings | None = None, *, migrate: bool = True) -> Fas
         url = settings.effective_database_url
         if migrate:
             upgrade(url)
+        with Session(get_engine(url)) as session:
+            renewed = queue.renew_leases(session, lease_s=settings.lease_s)
+        if renewed:
+            log.info("renewed %d leases held while the API was down", renewed)
         maintenance = Maintenance(get_engine(url), settings)
         maintenance.start()
         if not settings.auth_enabled:

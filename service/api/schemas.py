@@ -66,6 +66,10 @@ class TrialPublic(BaseModel):
 class TrialSamples(BaseModel):
     trial_id: int
     samples: list[Sample]
+    total: int  # the trial's samples in all (not only this page)
+    offset: int
+    limit: int
+    max_points: int | None = None  # set when this page was downsampled
 
 
 class CompleteAck(BaseModel):

@@ -6,8 +6,9 @@ Server and token come from the flags, else the environment:
   where ``bisect-cli serve`` listens); ``/api/v1`` is added when missing.
 * ``BISECT_TOKEN``: an API token (one of the server's ``BISECT_API_TOKENS``)
   for submit, status, list, cancel and logs.
-* ``BISECT_RUNNER_TOKEN``: a runner token (one of ``BISECT_RUNNER_TOKENS``)
-  for ``bisect-cli runner``.
+* ``BISECT_RUNNER_TOKEN_FILE`` or ``BISECT_RUNNER_TOKEN``: a runner token (one of
+  ``BISECT_RUNNER_TOKENS``) for ``bisect-cli runner``, from a file or the environment,
+  never from its command line (service/cli/runner.py).
 * ``BISECT_HTTP_RETRIES``: how often a network error or 5xx is retried
   (default 5, backoff 0.5 s doubling: about 15 s in all before giving up).
 

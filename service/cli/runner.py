@@ -1,7 +1,14 @@
-"""`bisect-cli runner`: the runner agent (register, lease, run trials, report)."""
+"""`bisect-cli runner`: the runner agent (register, lease, run trials, report).
+
+The runner token never goes on the command line (every user can read a process's argv in
+/proc/PID/cmdline): it comes from `--token-file` / BISECT_RUNNER_TOKEN_FILE, else from
+BISECT_RUNNER_TOKEN. `--token` is refused with a one-line error saying so.
+"""
 
 import json
+import os
 import time
+from pathlib import Path
 from typing import Annotated
 
 import typer
@@ -14,15 +21,46 @@ from service.cli.errors import fail
 from service.cli.remote import DEFAULT_SERVER, Server, api_errors, make_client
 from service.settings import get_settings
 
-RunnerToken = Annotated[
-    str | None,
+TOKEN_ENV = "BISECT_RUNNER_TOKEN"
+
+TokenFile = Annotated[
+    Path | None,
     typer.Option(
-        "--token",
-        envvar="BISECT_RUNNER_TOKEN",
-        help="Runner token, one of the server's BISECT_RUNNER_TOKENS (env BISECT_RUNNER_TOKEN).",
+        "--token-file",
+        envvar="BISECT_RUNNER_TOKEN_FILE",
+        help="File holding the runner token, one of the server's BISECT_RUNNER_TOKENS "
+        "(env BISECT_RUNNER_TOKEN_FILE); else the token is read from env BISECT_RUNNER_TOKEN. "
+        "Never on the command line: argv is readable by every user.",
         show_default=False,
+        dir_okay=False,
     ),
 ]
+# Refused: kept only to say why instead of "no such option".
+ArgvToken = Annotated[str | None, typer.Option("--token", hidden=True, show_default=False)]
+StateDir = Annotated[
+    Path | None,
+    typer.Option(
+        "--state-dir",
+        envvar="BISECT_RUNNER_STATE_DIR",
+        help="Where finished reports wait until the server takes them, kept across restarts "
+        "(env BISECT_RUNNER_STATE_DIR; default: BISECT_DATA_DIR/runner).",
+        show_default=False,
+        file_okay=False,
+    ),
+]
+
+
+def read_token(token_file: Path | None) -> str | None:
+    """The runner token from `token_file`, else BISECT_RUNNER_TOKEN; None when neither."""
+    if token_file is None:
+        return os.environ.get(TOKEN_ENV) or None
+    try:
+        token = token_file.read_text().strip()
+    except OSError as exc:
+        fail(f"--token-file: cannot read {token_file}: {exc.strerror or exc}")
+    if not token or "\n" in token:
+        fail(f"--token-file: {token_file} must hold the token alone, on one line")
+    return token
 
 
 def json_log(line: str) -> None:
@@ -31,7 +69,9 @@ def json_log(line: str) -> None:
 
 def runner(
     server: Server = DEFAULT_SERVER,
-    token: RunnerToken = None,
+    token_file: TokenFile = None,
+    argv_token: ArgvToken = None,
+    state_dir: StateDir = None,
     labels: Annotated[
         str | None,
         typer.Option(
@@ -64,7 +104,17 @@ def runner(
     else it is killed and given back; then the runner leaves and exits 0 (a
     second signal skips the grace period). Exit 2: bad --labels or the server
     refused the registration (HTTP 4xx, e.g. a wrong token); 1: server unreachable.
+
+    A finished report is kept in --state-dir until the server takes it, through outages and
+    restarts of the server or of this runner. The token is read from --token-file or env
+    BISECT_RUNNER_TOKEN, never from the command line.
     """
+    if argv_token is not None:
+        fail(
+            "--token: a token on the command line is readable by every user "
+            "(/proc/PID/cmdline); use --token-file FILE or env BISECT_RUNNER_TOKEN"
+        )
+    token = read_token(token_file)
     try:
         parsed = parse_labels(labels)
     except ValueError as exc:
@@ -85,6 +135,7 @@ def runner(
         gpu,
         grace_s=grace,
         log=log,
+        state_dir=state_dir or settings.data_dir / "runner",
     )
     agent.install_signal_handlers()
     with client, api_errors():

@@ -290,6 +290,7 @@ def _start_runners(
             grace_s=grace,
             log=log,
             capabilities=capabilities,
+            state_dir=settings.data_dir / "runners" / str(i),  # reports kept across restarts
         )
         agents.append(agent)
         if stop.is_set():

@@ -1,12 +1,15 @@
 """Jobs: submit, list, show, cancel (API tokens)."""
 
+import hashlib
+import re
 from typing import Annotated
 
-from fastapi import APIRouter, Query, Request, status
+from fastapi import APIRouter, Header, Query, Request, Response, status
+from sqlalchemy.exc import IntegrityError
 from sqlmodel import Session
 
-from runners.errors import Conflict, Forbidden
-from runners.wire import API_PREFIX
+from runners.errors import Conflict, Forbidden, InvalidInput
+from runners.wire import API_PREFIX, IDEMPOTENCY_HEADER
 from service import store
 from service.api import policy
 from service.api.deps import Caller, ReaderDep, SessionDep, SettingsDep, WriterDep
@@ -61,21 +64,74 @@ def job_public(session: Session, job: Job) -> JobPublic:
     return with_progress(build_report(job, candidates, trials), progress, job)
 
 
+# Printable ASCII, no spaces: a UUID, a ULID, a CI run id.
+IDEMPOTENCY_KEY = re.compile(r"[\x21-\x7e]{1,200}")
+
+IdempotencyKey = Annotated[
+    str | None,
+    Header(
+        alias=IDEMPOTENCY_HEADER,
+        description="names the submission: a repeat (same token) returns the first job, 200",
+    ),
+]
+
+
+def idempotency_digest(caller: Caller, key: str | None) -> str | None:
+    """sha256 of (caller, key): keys are scoped to the token that sent them."""
+    if key is None:
+        return None
+    if not IDEMPOTENCY_KEY.fullmatch(key):
+        raise InvalidInput(
+            "must be 1 to 200 printable ASCII characters without spaces", field=IDEMPOTENCY_HEADER
+        )
+    return hashlib.sha256(f"{caller.role}\n{caller.name or ''}\n{key}".encode()).hexdigest()
+
+
+def _created(request: Request, settings: Settings, job: Job) -> JobCreated:
+    assert job.id is not None
+    return JobCreated(id=job.id, url=job_url(request, settings, job.id), status=job.status)
+
+
 @router.post(
     "",
     status_code=status.HTTP_201_CREATED,
     response_model=JobCreated,
-    responses={422: {"description": "a bad field, or a range the index cannot serve"}},
+    responses={
+        200: {"description": "a repeated Idempotency-Key: the job the first request created"},
+        422: {"description": "a bad field, or a range the index cannot serve"},
+    },
 )
 def submit_job(
-    body: JobCreate, request: Request, session: SessionDep, settings: SettingsDep, caller: WriterDep
+    body: JobCreate,
+    request: Request,
+    response: Response,
+    session: SessionDep,
+    settings: SettingsDep,
+    caller: WriterDep,
+    idempotency_key: IdempotencyKey = None,
 ) -> JobCreated:
-    """Submit a bisection. Releases are listed here, so a bad range fails now with 422."""
+    """Submit a bisection. Releases are listed here, so a bad range fails now with 422.
+    With an `Idempotency-Key` already used by this token: 200 and the first job, whatever
+    this body says (a retry whose first answer was lost)."""
+    digest = idempotency_digest(caller, idempotency_key)
+    first = store.job_by_idempotency(session, digest) if digest else None
+    if first is not None:
+        response.status_code = status.HTTP_200_OK
+        return _created(request, settings, first)
     policy.check_submission(body)
-    job = create_job(session, body, fetch=policy.fetch_policy(settings), owner=caller.name)
+    try:
+        fetch = policy.fetch_policy(settings)
+        job = create_job(session, body, fetch=fetch, owner=caller.name, idempotency=digest)
+    except IntegrityError:
+        # The same key in flight twice: the other request's insert committed first.
+        session.rollback()
+        first = store.job_by_idempotency(session, digest) if digest else None
+        if first is None:
+            raise
+        response.status_code = status.HTTP_200_OK
+        return _created(request, settings, first)
     advance(session, job, slots_for(session, job, within_s=settings.runner_live_s))
-    assert job.id is not None
-    return JobCreated(id=job.id, url=job_url(request, settings, job.id), status=job.status)
+    return _created(request, settings, job)
 
 
 @router.get("", response_model=JobPage)

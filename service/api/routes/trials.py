@@ -3,14 +3,18 @@
 The runner side of trials (heartbeat, complete, return) is in routes/runners.py.
 """
 
-from fastapi import APIRouter
+from typing import Annotated
+
+from fastapi import APIRouter, Query
 from sqlmodel import Session
 
-from runners.wire import Sample
+from runners.series import downsample
+from runners.wire import MAX_REPORT_SAMPLES, Sample
 from service import store
 from service.api.deps import Caller, ReaderDep, SessionDep
 from service.api.schemas import TrialPublic, TrialSamples
 from service.models import Candidate, Job, Trial
+from service.store import MAX_ID
 
 router = APIRouter(prefix="/trials", tags=["trials"])
 
@@ -40,11 +44,35 @@ def get_trial_public(trial_id: int, session: SessionDep, caller: ReaderDep) -> T
 @router.get(
     "/{trial_id}/samples", response_model=TrialSamples, responses={404: {"description": "none"}}
 )
-def get_trial_samples(trial_id: int, session: SessionDep, caller: ReaderDep) -> TrialSamples:
-    """The trial's memory series (bytes; `None` where the source did not say)."""
+def get_trial_samples(
+    trial_id: int,
+    session: SessionDep,
+    caller: ReaderDep,
+    offset: Annotated[int, Query(ge=0, le=MAX_ID)] = 0,
+    limit: Annotated[int, Query(ge=1, le=MAX_REPORT_SAMPLES)] = MAX_REPORT_SAMPLES,
+    max_points: Annotated[
+        int | None,
+        Query(ge=4, le=MAX_REPORT_SAMPLES, description="downsample: min/max per time bucket"),
+    ] = None,
+) -> TrialSamples:
+    """The trial's memory series (bytes; `None` where the source did not say), in time order:
+    `limit` samples from `offset` (a report holds at most MAX_REPORT_SAMPLES, so the default
+    page is all of them), downsampled to `max_points` when given (runners/series.py: the
+    minimum and maximum of each time bucket, so floors and spikes survive). `total` counts
+    all of the trial's samples."""
     readable_trial(session, trial_id, caller)
+    rows, total = store.samples_page(session, trial_id, offset=offset, limit=limit)
     samples = [
         Sample(t=s.t, rss=s.rss, anon=s.anon, shared=s.shared, gpu=s.gpu, step=s.step)
-        for s in store.samples_of(session, [trial_id])[trial_id]
+        for s in rows
     ]
-    return TrialSamples(trial_id=trial_id, samples=samples)
+    if max_points is not None:
+        samples = downsample(samples, max_points)
+    return TrialSamples(
+        trial_id=trial_id,
+        samples=samples,
+        total=total,
+        offset=offset,
+        limit=limit,
+        max_points=max_points,
+    )
