@@ -1,13 +1,13 @@
-"""Install one uv release from PyPI (or UV_INDEX_URL) into /usr/local/bin, checking the wheel's sha256.
+"""Install one uv release from PyPI (or UV_INDEX_URL) into /usr/local/bin; sha256 checked.
 
 Used by the Dockerfiles (no pip or uv in a bare base image): python3 install-uv.py VERSION.
 TLS uses SSL_CERT_FILE when set (a proxy's CA bundle passed into the build).
 """
 
 import hashlib
-import os
 import io
 import json
+import os
 import platform
 import stat
 import sys

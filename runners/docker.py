@@ -19,6 +19,7 @@ trial's current container, which ends the trial as killed.
 
 from __future__ import annotations
 
+import contextlib
 import io
 import os
 import tarfile
@@ -89,10 +90,8 @@ class _TrialKill:
             self.watch.killed = True
             self.watch.done.set()
         if self.container is not None:
-            try:
+            with contextlib.suppress(Exception):  # already gone
                 self.container.kill()
-            except Exception:  # noqa: BLE001 - already gone
-                pass
 
     def __call__(self) -> None:
         with self._lock:
@@ -268,10 +267,8 @@ def _trial_tar(name: str, script: str) -> io.BytesIO:
 
 
 def _remove(container: Any) -> None:
-    try:
+    with contextlib.suppress(Exception):  # already removed
         container.remove(force=True, v=True)
-    except Exception:  # noqa: BLE001 - already removed
-        pass
 
 
 def _failed(result: dict[str, Any]) -> EnvResult:
