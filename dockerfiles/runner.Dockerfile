@@ -30,17 +30,22 @@ RUN set -eu; \
 
 WORKDIR /opt/leakbisect
 COPY pyproject.toml uv.lock README.md ./
+RUN set -eu; \
+    ca=/etc/leakbisect/ca-bundle.pem; [ -f "$ca" ] || ca=/etc/ssl/certs/ca-certificates.crt; \
+    SSL_CERT_FILE="$ca" UV_NATIVE_TLS=1 UV_CACHE_DIR=/tmp/uv-cache UV_PYTHON_DOWNLOADS=never \
+        UV_PROJECT_ENVIRONMENT=/opt/leakbisect/.venv UV_LINK_MODE=copy UV_COMPILE_BYTECODE=1 \
+        uv sync --locked --no-dev --no-install-project --python python3; \
+    rm -rf /tmp/uv-cache /tmp/leakbisect-build
+# The code last: a change to it reuses the dependency layer above.
 COPY runners/ runners/
 COPY service/ service/
 COPY migrations/ migrations/
-ENV UV_PROJECT_ENVIRONMENT=/opt/leakbisect/.venv UV_PYTHON_DOWNLOADS=never UV_LINK_MODE=copy \
-    UV_COMPILE_BYTECODE=1
 RUN set -eu; \
     ca=/etc/leakbisect/ca-bundle.pem; [ -f "$ca" ] || ca=/etc/ssl/certs/ca-certificates.crt; \
-    SSL_CERT_FILE="$ca" UV_NATIVE_TLS=1 UV_CACHE_DIR=/tmp/uv-cache \
+    SSL_CERT_FILE="$ca" UV_NATIVE_TLS=1 UV_CACHE_DIR=/tmp/uv-cache UV_PYTHON_DOWNLOADS=never \
+        UV_PROJECT_ENVIRONMENT=/opt/leakbisect/.venv UV_LINK_MODE=copy UV_COMPILE_BYTECODE=1 \
         uv sync --locked --no-dev --python python3; \
-    rm -rf /tmp/uv-cache /tmp/leakbisect-build; \
-    chmod -R a+rX /opt/leakbisect
-ENV PATH=/opt/leakbisect/.venv/bin:/usr/local/bin:/usr/bin:/bin LANG=C.UTF-8 \
-    BISECT_CACHE_DIR=/var/cache/leakbisect
+    rm -rf /tmp/uv-cache
+# Nothing named BISECT_* here: image variables reach every container of the image.
+ENV PATH=/opt/leakbisect/.venv/bin:/usr/local/bin:/usr/bin:/bin LANG=C.UTF-8
 CMD ["bisect-cli", "runner", "--executor", "docker"]

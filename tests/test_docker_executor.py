@@ -1,0 +1,244 @@
+"""The Docker executor on a real engine: real containers of the runner image, real uv.
+
+Marked ``docker``: skipped with the reason where there is no engine or image, failed in
+CI (tests/docker_util.py).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import socket
+import subprocess
+import sys
+import textwrap
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from docker.errors import NotFound
+
+from runners.docker import DockerExecutor
+from runners.docker_spec import LABEL_RUNNER, LABEL_TRIAL, TRIAL_UID
+from runners.wire import EnvSpec, TrialReport, TrialSpec
+from service.analysis import classify_run
+from tests.docker_util import RUNNER_IMAGE, engine
+
+pytestmark = pytest.mark.docker
+MiB = 1 << 20
+CLI = [sys.executable, "-m", "service.cli"]
+
+
+@pytest.fixture(scope="module")
+def client() -> Any:
+    return engine()
+
+
+@pytest.fixture
+def executor(client: Any, request: pytest.FixtureRequest) -> Iterator[DockerExecutor]:
+    name = f"test-{request.node.name[:40]}-{os.getpid()}"
+    ex = DockerExecutor.from_env(runner_name=name, image=RUNNER_IMAGE,
+                                 cache_volume="leakbisect-test-cache")  # fmt: skip
+    yield ex
+    ex.remove_leftovers()
+
+
+def trial(index: str, script: str, version: str = "1.0.0", **kw: Any) -> TrialSpec:
+    env = EnvSpec(package="leakyfixture", version=version, index_url=index)
+    return TrialSpec(trial_id=kw.pop("trial_id", 1), env=env, script=textwrap.dedent(script),
+                     **kw)  # fmt: skip
+
+
+def cli(args: list[str], home: Path, timeout: float = 600) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "XDG_DATA_HOME": str(home / "data"),
+           "XDG_CACHE_HOME": str(home / "cache")}  # fmt: skip
+    return subprocess.run(CLI + args, capture_output=True, text=True, env=env, timeout=timeout)
+
+
+def visited(report: dict[str, Any]) -> list[tuple[str, str | None, int]]:
+    return [(c["version"], c["verdict"], c["trials"]) for c in report["candidates"]]
+
+
+def test_example_finds_1_0_6_visiting_the_same_candidates_as_local(tmp_path: Path) -> None:
+    results = {}
+    for kind in ("local", "docker"):
+        db = tmp_path / f"{kind}.db"
+        proc = cli(["run", "--example", "--json", "--executor", kind,
+                    "--database-url", f"sqlite:///{db}"], tmp_path / kind)  # fmt: skip
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        results[kind] = json.loads(proc.stdout)
+    assert results["docker"]["status"] == "found"
+    assert results["docker"]["first_bad"] == "1.0.6"
+    assert results["docker"]["last_good"] == "1.0.5"
+    assert visited(results["docker"]) == visited(results["local"])
+
+
+@pytest.fixture
+def listener() -> Iterator[tuple[int, list[str]]]:
+    """A TCP listener on 127.0.0.1 recording who connected."""
+    server = socket.create_server(("127.0.0.1", 0))
+    seen: list[str] = []
+
+    def accept() -> None:
+        while True:
+            try:
+                conn, addr = server.accept()
+            except OSError:
+                return
+            seen.append(f"{addr[0]}:{addr[1]}")
+            conn.close()
+
+    threading.Thread(target=accept, daemon=True).start()
+    yield server.getsockname()[1], seen
+    server.close()
+
+
+def test_run_phase_cannot_reach_127_0_0_1_while_the_build_phase_could(
+    executor: DockerExecutor, fixture_index: str, listener: tuple[int, list[str]]
+) -> None:
+    port, seen = listener
+    script = f"""
+        import socket, sys
+        try:
+            socket.create_connection(("127.0.0.1", {port}), timeout=3)
+        except OSError as exc:
+            print("blocked:", type(exc).__name__)
+            sys.exit(0)
+        print("connected")
+        sys.exit(3)
+    """
+    report = executor.run_trial(trial(fixture_index, script))
+    # The build phase installed leakyfixture from the index this test serves on 127.0.0.1.
+    assert fixture_index.startswith("http://127.0.0.1:")
+    assert report.env.ok, report.env.error
+    assert report.env.freeze == ["leakyfixture==1.0.0"]
+    assert report.exit_code == 0, report.log_tail
+    assert "blocked:" in report.log_tail
+    assert seen == []
+
+
+LEAK = """
+    import time
+    hold = []
+    while True:
+        print("::leakbisect-step::", flush=True)
+        hold.append(bytearray(8 << 20))
+        for b in hold[-1:]:
+            b[::4096] = b"x" * len(b[::4096])
+        time.sleep(0.05)
+"""
+
+
+def verdict(report: TrialReport) -> str:
+    run = classify_run(
+        [s.t for s in report.samples], [s.rss for s in report.samples], None, report.steps,
+        exit_code=report.exit_code, oom_killed=report.oom_killed, timed_out=report.timed_out,
+    )  # fmt: skip
+    return str(run.verdict)
+
+
+def test_a_leak_under_200_mib_is_oom_killed_in_its_container_and_judged_leak(
+    executor: DockerExecutor, fixture_index: str
+) -> None:
+    report = executor.run_trial(trial(fixture_index, LEAK, memory_limit_bytes=200 * MiB,
+                                      timeout_s=120))  # fmt: skip
+    assert report.oom_killed is True
+    assert report.exit_code == -9
+    assert report.timed_out is False
+    assert report.cap_method in ("docker-cgroup-v1", "docker-cgroup-v2")
+    assert max(s.rss for s in report.samples) <= 200 * MiB
+    assert max(s.rss for s in report.samples) > 100 * MiB
+    assert verdict(report) == "leak"
+    assert executor.leftovers() == []  # and this process, the runner, is still here
+
+
+def test_the_script_sees_no_bisect_variable_no_token_and_no_privilege(
+    executor: DockerExecutor, fixture_index: str, monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
+) -> None:
+    secret = "tok-" + os.urandom(8).hex()
+    monkeypatch.setenv("BISECT_RUNNER_TOKEN", secret)
+    monkeypatch.setenv("BISECT_DATABASE_URL", f"postgresql://u:{secret}@db/x")
+    (tmp_path / "token").write_text(secret)
+    monkeypatch.setenv("BISECT_RUNNER_TOKEN_FILE", str(tmp_path / "token"))
+    script = f"""
+        import json, os
+        secret = ("{secret[:6]}" + "{secret[6:]}").encode()  # not whole in this file
+        found = []
+        for top in ("/etc", "/opt", "/trial", "/tmp", "/var", "/home", "/root", "/run"):
+            for d, _dirs, files in os.walk(top):
+                for f in files:
+                    p = os.path.join(d, f)
+                    try:
+                        if os.path.getsize(p) < 1 << 20 and secret in open(p, "rb").read():
+                            found.append(p)
+                    except OSError:
+                        pass
+        status = dict(l.split(":\\t", 1) for l in open("/proc/self/status") if ":\\t" in l)
+        try:
+            open("/etc/leakbisect-probe", "w")
+            writable = True
+        except OSError:
+            writable = False
+        print(json.dumps({{"env": dict(os.environ), "found": found, "uid": os.getuid(),
+                          "cap_eff": status["CapEff"].strip(), "root_writable": writable}}))
+    """
+    report = executor.run_trial(trial(fixture_index, script, variables={"MY_FLAG": "1"}))
+    assert report.exit_code == 0, report.log_tail
+    seen = json.loads(report.log_tail.strip().splitlines()[-1])
+    assert [k for k in seen["env"] if k.upper().startswith("BISECT_")] == []
+    assert not any(secret in v for v in seen["env"].values())
+    assert seen["env"]["MY_FLAG"] == "1"
+    assert seen["env"]["HOME"] == "/trial/work/home"
+    assert seen["found"] == []
+    assert seen["uid"] == TRIAL_UID
+    assert seen["cap_eff"] == "0000000000000000"
+    assert seen["root_writable"] is False
+
+
+def test_a_starting_executor_removes_its_own_leftovers_only(client: Any) -> None:
+    mine = f"leftover-{os.getpid()}"
+    other = f"other-{os.getpid()}"
+    made = [
+        client.containers.create(RUNNER_IMAGE, ["sleep", "600"], network_mode="none",
+                                 labels={LABEL_RUNNER: who, LABEL_TRIAL: "7.1"})
+        for who in (mine, other)
+    ]  # fmt: skip
+    made[0].start()
+    try:
+        ex = DockerExecutor.from_env(runner_name=mine, image=RUNNER_IMAGE)
+        assert ex.leftovers() == []
+        label = f"{LABEL_RUNNER}={other}"
+        assert [c.id for c in client.containers.list(all=True, filters={"label": label})] == [
+            made[1].id
+        ]
+    finally:
+        for c in made:
+            with contextlib.suppress(NotFound):  # the executor removed it
+                c.remove(force=True)
+
+
+def test_kill_ends_a_running_trial_and_leaves_no_container(
+    executor: DockerExecutor, fixture_index: str
+) -> None:
+    started = threading.Event()
+    kills: list[Any] = []
+
+    def on_sample(_s: object) -> None:
+        started.set()
+
+    def killer() -> None:
+        started.wait(120)
+        kills[0]()
+
+    threading.Thread(target=killer, daemon=True).start()
+    report = executor.run_trial(
+        trial(fixture_index, "import time\nwhile True: time.sleep(0.1)\n", timeout_s=300),
+        on_start=kills.append, on_sample=on_sample,
+    )  # fmt: skip
+    assert report.exit_code == -9
+    assert report.oom_killed is False
+    assert executor.leftovers() == []
