@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -70,8 +71,8 @@ def test_example_finds_1_0_6_visiting_the_same_candidates_as_local(
     results = {}
     for kind in ("local", "docker"):
         db = reachable_tmp / f"{kind}.db"
-        proc = cli(["run", "--example", "--json", "--executor", kind,
-                    "--database-url", f"sqlite:///{db}"], reachable_tmp / kind, uv_cache)  # fmt: skip
+        args = ["run", "--example", "--json", "--executor", kind, "--database-url", f"sqlite:///{db}"]
+        proc = cli(args, reachable_tmp / kind, uv_cache)
         assert proc.returncode == 0, proc.stderr[-2000:]
         results[kind] = json.loads(proc.stdout)
     assert results["docker"]["status"] == "found"
@@ -246,3 +247,61 @@ def test_kill_ends_a_running_trial_and_leaves_no_container(
     assert report.exit_code == -9
     assert report.oom_killed is False
     assert executor.leftovers() == []
+
+
+def _runner(svc: Any, name: str) -> subprocess.Popen:
+    log = svc.home / f"{name}.log"
+    with log.open("a") as err:
+        proc = subprocess.Popen(
+            CLI + ["runner", "--server", svc.url, "--name", name, "--grace", "2",
+                   "--executor", "docker", "--image", RUNNER_IMAGE,
+                   "--cache-volume", "leakbisect-test-cache"],
+            stdout=subprocess.DEVNULL, stderr=err, env=svc.env,
+        )  # fmt: skip
+    svc.runners.append(proc)
+    svc.logs.append(log)
+    return proc
+
+
+def test_sigkilled_runner_its_container_goes_at_restart_and_the_trial_is_relet(
+    client: Any, tmp_path: Path, reachable_tmp: Path, uv_cache: Path, fixture_index: str
+) -> None:
+    from tests.test_cli_service import REPRO, Service, leased_trial, make_env, wait_until
+
+    name = f"doomed-{os.getpid()}"
+    label = {"label": [f"{LABEL_RUNNER}={name}", "leakbisect.phase=run"]}
+    svc = Service(tmp_path, make_env(tmp_path, reachable_tmp, uv_cache))
+    svc.start_serve(f"sqlite:///{tmp_path / 'svc.db'}", BISECT_LEASE_S="3")
+    submit: subprocess.Popen | None = None
+    try:
+        first = _runner(svc, name)
+        submit = subprocess.Popen(
+            CLI + ["submit", str(REPRO), "--package", "leakyfixture", "--range", "1.0.5..1.0.7",
+                   "--index-url", fixture_index, "--wait", "--json", "--server", svc.url],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=svc.env,
+        )  # fmt: skip
+        with svc.client() as api:
+            job = wait_until(lambda: api.list_jobs()["items"], 60, "the job")[0]["id"]
+            trial = wait_until(lambda: leased_trial(api, job), 60, "a leased trial")
+            orphan = wait_until(lambda: client.containers.list(filters=label), 120, "its run")
+            first.send_signal(signal.SIGKILL)
+            first.wait(10)
+            assert [c.id for c in client.containers.list(filters=label)] == [orphan[0].id]
+            _runner(svc, name)  # the same name: it removes what the dead one left
+            wait_until(lambda: orphan[0].id not in _ids(client, label), 60, "the orphan gone")
+            out, err = submit.communicate(timeout=300)
+            assert submit.returncode == 0, err + "".join(p.read_text() for p in svc.logs)
+            report = json.loads(out)
+            assert (report["last_good"], report["first_bad"]) == ("1.0.5", "1.0.6")
+            relet = api.get_trial(trial["id"])
+            assert relet["attempt"] == 2 and relet["status"] == "done"
+    finally:
+        if submit is not None and submit.poll() is None:
+            submit.kill()
+        svc.stop()
+    all_label = {"label": f"{LABEL_RUNNER}={name}"}
+    assert client.containers.list(all=True, filters=all_label) == []
+
+
+def _ids(client: Any, filters: dict[str, Any]) -> list[str]:
+    return [c.id for c in client.containers.list(all=True, filters=filters)]
