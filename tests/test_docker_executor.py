@@ -305,3 +305,18 @@ def test_sigkilled_runner_its_container_goes_at_restart_and_the_trial_is_relet(
 
 def _ids(client: Any, filters: dict[str, Any]) -> list[str]:
     return [c.id for c in client.containers.list(all=True, filters=filters)]
+
+
+def test_a_missing_image_or_cgroup_root_is_one_line_and_exit_1(
+    client: Any, tmp_path: Path
+) -> None:
+    base = ["runner", "--executor", "docker", "--server", "http://127.0.0.1:9"]
+    proc = cli([*base, "--image", "leakbisect-no-such:image"], tmp_path, tmp_path / "uv")
+    assert proc.returncode == 1
+    assert proc.stderr.strip().splitlines() == [
+        "error: --image: runner image leakbisect-no-such:image not found; build it with "
+        "dockerfiles/build-base.sh && uv run python -m runners.docker_images"
+    ]
+    proc = cli([*base, "--cgroup-root", str(tmp_path)], tmp_path, tmp_path / "uv")
+    assert proc.returncode == 1
+    assert proc.stderr.strip() == f"error: --cgroup-root: {tmp_path} is not a cgroup v1 or v2 mount"

@@ -130,3 +130,28 @@ def test_cgroup_v1_and_v2_counters(tmp_path) -> None:  # type: ignore[no-untyped
                                   oom_kill=1, peak=2500)  # fmt: skip
     assert find("nope", tmp_path) is None
     assert parse_keyed("a 1\nb x\n") == {"a": 1}
+
+
+def test_no_engine_is_one_line_and_exit_1(monkeypatch: pytest.MonkeyPatch) -> None:
+    from typer.testing import CliRunner
+
+    from service.cli import app
+
+    monkeypatch.setenv("DOCKER_HOST", "unix:///nonexistent/docker.sock")
+    result = CliRunner().invoke(
+        app, ["runner", "--executor", "docker", "--server", "http://127.0.0.1:9"]
+    )
+    assert result.exit_code == 1
+    lines = result.output.strip().splitlines()
+    assert len(lines) == 1
+    assert lines[0].startswith("error: --executor docker: no Docker engine reachable (")
+
+
+def test_an_unknown_executor_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    from typer.testing import CliRunner
+
+    from service.cli import app
+
+    result = CliRunner().invoke(app, ["runner", "--executor", "podman"])
+    assert result.exit_code == 2
+    assert "--executor" in result.output
