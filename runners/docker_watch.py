@@ -15,6 +15,7 @@ kills); an exit 137 with neither is a kill (``-9``), not an OOM.
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -173,7 +174,9 @@ def watch(container: Any, args: WatchArgs, w: Watch, t0: float) -> Execution:
     if cg is not None:
         w.count(cg.read())  # the final counters, before the cgroup goes with the container
     duration = time.monotonic() - t0
-    container.kill() if _running(container) else None
+    if _running(container):  # the entry holds it open (or the script runs on): end it
+        with contextlib.suppress(Exception):
+            container.kill()
     state = container.wait(timeout=30)
     container.reload()
     st = container.attrs.get("State", {})

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -22,7 +23,7 @@ from typing import Any
 import pytest
 
 from tests.docker_util import API_IMAGE, RUNNER_IMAGE, engine, unavailable
-from tests.test_cli_service import REPRO, free_port
+from tests.test_cli_service import REPRO, free_port, wait_until
 
 pytestmark = pytest.mark.docker
 ROOT = Path(__file__).resolve().parents[1]
@@ -45,6 +46,12 @@ def env_file(tmp_path: Path, **values: str) -> Path:
     path = tmp_path / "env"
     path.write_text("".join(f"{k}={v}\n" for k, v in data.items()))
     return path
+
+
+def runner_names(project: list[str]) -> list[str]:
+    """The names the runner service registered under, from its log, oldest first."""
+    logs = run([*compose_cli(), *project, "logs", "--no-color", "runner"]).stdout
+    return re.findall(r"registered as \S+ \((compose-[0-9a-f]+)\)", logs)
 
 
 def run(args: list[str], timeout: float = 120) -> subprocess.CompletedProcess[str]:
@@ -109,5 +116,12 @@ def test_the_compose_stack_answers_submit_wait(
         report = json.loads(submit.stdout)
         assert (report["last_good"], report["first_bad"]) == ("1.0.5", "1.0.6")
         assert {n.id for n in client.networks.list()} == networks  # host network only
+        # A restarted runner container keeps its name (and so removes its own leftovers).
+        names = runner_names(project)
+        assert len(names) == 1 and names[0].startswith("compose-")
+        restart = run([*compose_cli(), *project, "restart", "runner"], 120)
+        assert restart.returncode == 0, restart.stderr
+        wait_until(lambda: len(runner_names(project)) == 2, 120, "the runner registering again")
+        assert len(set(runner_names(project))) == 1
     finally:
         run([*compose_cli(), *project, "down", "-v", "--remove-orphans"], 120)

@@ -320,3 +320,38 @@ def test_a_missing_image_or_cgroup_root_is_one_line_and_exit_1(
     proc = cli([*base, "--cgroup-root", str(tmp_path)], tmp_path, tmp_path / "uv")
     assert proc.returncode == 1
     assert proc.stderr.strip() == f"error: --cgroup-root: {tmp_path} is not a cgroup v1 or v2 mount"
+
+
+def test_a_trial_past_its_timeout_is_killed_in_its_container(
+    executor: DockerExecutor, fixture_index: str
+) -> None:
+    report = executor.run_trial(
+        trial(fixture_index, "import time\nwhile True: time.sleep(0.1)\n", timeout_s=3)
+    )
+    assert report.timed_out is True
+    assert report.exit_code == -9
+    assert report.oom_killed is False
+    assert 3 <= report.duration_s < 60
+    assert executor.leftovers() == []
+
+
+def test_serve_with_embedded_docker_runners_finds_the_first_leak(
+    client: Any, tmp_path: Path, reachable_tmp: Path, uv_cache: Path, fixture_index: str
+) -> None:
+    from tests.test_cli_service import REPRO, Service, make_env
+
+    svc = Service(tmp_path, make_env(tmp_path, reachable_tmp, uv_cache))
+    svc.start_serve(f"sqlite:///{tmp_path / 'svc.db'}", "--runners", "1", "--executor",
+                    "docker", "--image", RUNNER_IMAGE, "--cache-volume",
+                    "leakbisect-test-cache")  # fmt: skip
+    try:
+        proc = svc.cli("submit", str(REPRO), "--package", "leakyfixture", "--range",
+                       "1.0.5..1.0.7", "--index-url", fixture_index, "--wait", "--json",
+                       timeout=300)  # fmt: skip
+        assert proc.returncode == 0, proc.stderr + (tmp_path / "serve.log").read_text()
+        report = json.loads(proc.stdout)
+        assert (report["last_good"], report["first_bad"]) == ("1.0.5", "1.0.6")
+    finally:
+        assert svc.stop() == 0
+    # The embedded runner ran its trials in containers: none is left.
+    assert client.containers.list(all=True, filters={"label": "leakbisect.phase=run"}) == []
