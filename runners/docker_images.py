@@ -4,7 +4,7 @@
 
 The build context is the project (pyproject.toml, uv.lock, README.md, runners/, service/,
 migrations/, dockerfiles/) plus, when ``SSL_CERT_FILE`` names a file, that CA bundle as
-``dockerfiles/ca-bundle.pem``, so uv inside the build trusts the same proxy the host does.
+``dockerfiles/ca/ca-bundle.pem``, so uv inside the build trusts the same proxy the host does.
 Builds use the host network (``network_mode="host"``): never a bridge network. The base is
 ``--base`` (default ``leakbisect-base:bookworm``, built offline by
 ``dockerfiles/build-base.sh``); uv is the version uv.lock pins. An image that exists is
@@ -46,7 +46,7 @@ def context_tar(root: Path = ROOT, ca_bundle: str | None = None) -> io.BytesIO:
         for name in CONTEXT:
             tar.add(root / name, arcname=name, filter=lambda t: None if _SKIP.search(t.name) else t)
         if ca_bundle and Path(ca_bundle).is_file():
-            tar.add(ca_bundle, arcname="dockerfiles/ca-bundle.pem")
+            tar.add(ca_bundle, arcname="dockerfiles/ca/ca-bundle.pem")
     buf.seek(0)
     return buf
 
