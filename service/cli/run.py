@@ -11,15 +11,17 @@ from rich.console import Console
 from sqlalchemy.engine import Engine
 from sqlmodel import Session
 
+from runners.agent import default_name
 from runners.envs import EnvError, find_python
-from runners.errors import LeakbisectError, Unavailable
+from runners.errors import LeakbisectError
 from runners.machine import describe_machine
 from runners.nvml import GpuProbe, open_probe
-from runners.trial import LocalExecutor
+from runners.trial import Executor
 from service import store
 from service.cli.db import shown
 from service.cli.display import LineProgress, LiveDisplay, render_report
 from service.cli.errors import fail, fail_with, internal
+from service.cli.executor import make_executor, with_executor_options
 from service.cli.options import DatabaseUrl, Json, build_request, job_request, with_job_options
 from service.db import get_engine, upgrade
 from service.jobs import create_job
@@ -99,14 +101,11 @@ def _create(session: Session, request: JobCreate, gpu: GpuProbe | None) -> Job:
         fail_with(exc)
 
 
-def _executor(settings: Settings, gpu: GpuProbe | None) -> LocalExecutor:
-    try:
-        return LocalExecutor(settings.env_root, settings.uv_cache_dir, gpu)
-    except Unavailable as exc:
-        fail(str(exc))
+def _executor(settings: Settings, gpu: GpuProbe | None) -> Executor:
+    return make_executor(settings, gpu, f"run-{default_name()}")  # --executor (executor.py)
 
 
-def _bisect(session: Session, job: Job, executor: LocalExecutor, jobs: int) -> None:
+def _bisect(session: Session, job: Job, executor: Executor, jobs: int) -> None:
     err = Console(stderr=True)
     candidates = store.candidates_of(session, job)
     with ExitStack() as stack:
@@ -129,6 +128,7 @@ def _bisect(session: Session, job: Job, executor: LocalExecutor, jobs: int) -> N
             internal(exc)
 
 
+@with_executor_options
 @with_job_options("run")
 def run(
     json_: Json = False,

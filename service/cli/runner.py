@@ -14,10 +14,9 @@ from typing import Annotated
 import typer
 
 from runners.agent import GRACE_S, Agent, default_name, parse_labels, stderr_log
-from runners.errors import Unavailable
 from runners.nvml import open_probe
-from runners.trial import LocalExecutor
 from service.cli.errors import fail
+from service.cli.executor import make_executor, with_executor_options
 from service.cli.remote import DEFAULT_SERVER, Server, api_errors, make_client
 from service.settings import get_settings
 
@@ -67,6 +66,7 @@ def json_log(line: str) -> None:
     typer.echo(json.dumps({"time": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "event": line}), err=True)
 
 
+@with_executor_options
 def runner(
     server: Server = DEFAULT_SERVER,
     token_file: TokenFile = None,
@@ -123,10 +123,8 @@ def runner(
     settings = get_settings()
     client = make_client(server, token, on_retry=log)
     gpu = open_probe(settings.gpu_exclusive)
-    try:  # the sandbox users and directories, before registering
-        executor = LocalExecutor(settings.env_root, settings.uv_cache_dir, gpu)
-    except Unavailable as exc:
-        fail(str(exc))
+    # the sandbox users and directories (or the engine and image), before registering
+    executor = make_executor(settings, gpu, name := name or default_name())
     agent = Agent(
         client,
         name or default_name(),

@@ -45,10 +45,10 @@ from uvicorn.supervisors import Multiprocess
 from runners.agent import GRACE_S, Agent, default_name, describe_capabilities, stderr_log
 from runners.client import ApiClient, ApiError, ApiUnreachable
 from runners.nvml import open_probe
-from runners.trial import LocalExecutor
 from runners.wire import API_PREFIX
 from service.cli.db import shown
 from service.cli.errors import INTERNAL, fail
+from service.cli.executor import make_executor, with_executor_options
 from service.cli.options import DatabaseUrl
 from service.db import upgrade
 from service.settings import Settings, get_settings
@@ -129,6 +129,7 @@ ServeJson = Annotated[
 ]
 
 
+@with_executor_options
 def serve(
     host: Host = None,
     port: Port = 8000,
@@ -285,7 +286,7 @@ def _start_runners(
             ApiClient(local, token, on_retry=log),
             f"{default_name()}-{i}",
             {"embedded": "true"},
-            LocalExecutor(settings.env_root, settings.uv_cache_dir, gpu),
+            make_executor(settings, gpu, f"{default_name()}-{i}"),
             gpu,
             grace_s=grace,
             log=log,

@@ -1,0 +1,284 @@
+"""The Docker executor: every trial in containers of the runner image (docker SDK).
+
+Same interface as the local executor (`runners.trial.Executor`). Per trial
+(`runners.docker_spec` has the exact container settings):
+
+1. a **build** container (host network, the shared uv cache volume) builds or reuses the
+   candidate's environment with `runners.docker_entry`, or resolves its pins;
+2. a **run** container (no network, unprivileged, no capabilities, pids limit, read-only
+   root, ``mem_limit`` = ``memswap_limit`` = the job's cap) runs the script, which is put
+   into its per-trial volume before it starts; `runners.docker_watch` samples its cgroup
+   and reads the verdict of the kernel's OOM killer before the container goes.
+
+Each container is removed (with its anonymous volume) once its output and state are read.
+Containers carry the labels ``leakbisect.runner`` and ``leakbisect.trial``; a starting
+executor removes every container labelled with its runner name (left by a runner that was
+SIGKILLed), and ``kill`` (a cancelled or stale trial, a stopping runner) kills the
+trial's current container, which ends the trial as killed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import os
+import tarfile
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from runners.docker_cgroup import DEFAULT_ROOT
+from runners.docker_spec import (
+    LABEL_RUNNER,
+    TRIAL_UID,
+    DockerSettings,
+    build_kwargs,
+    parse_result,
+    run_kwargs,
+)
+from runners.docker_watch import Watch, WatchArgs, watch
+from runners.envs import INSTALL_TIMEOUT_S
+from runners.errors import InvalidInput, Unavailable
+from runners.executor import Execution
+from runners.limits import default_limit_bytes
+from runners.nvml import GpuProbe
+from runners.sandbox import check_variables
+from runners.trial import Kill, _report
+from runners.wire import EnvResult, Sample, TrialReport, TrialSpec
+
+DEFAULT_IMAGE = "leakbisect-runner:latest"
+IMAGE_ENV = "BISECT_RUNNER_IMAGE"
+DEFAULT_CACHE_VOLUME = "leakbisect-cache"
+BUILD_HINT = "build it with dockerfiles/build-base.sh && uv run python -m runners.docker_images"
+
+
+def _engine() -> Any:
+    """A client of the local engine, or `Unavailable` in one line."""
+    try:
+        import docker
+        from docker.errors import DockerException
+    except ImportError as exc:  # pragma: no cover - docker is a dependency
+        raise Unavailable(f"the docker SDK is not installed: {exc}") from None
+    try:
+        client = docker.from_env()
+        client.ping()
+    except DockerException as exc:
+        reason = str(exc).splitlines()[0][:200]
+        raise Unavailable(f"--executor docker: no Docker engine reachable ({reason})") from None
+    return client
+
+
+class _TrialKill:
+    """Kills whichever container the trial is in now; later phases then do not start."""
+
+    def __init__(self) -> None:
+        self.killed = False
+        self.container: Any = None
+        self.watch: Watch | None = None
+        self._lock = threading.Lock()
+
+    def current(self, container: Any, w: Watch | None = None) -> None:
+        with self._lock:
+            self.container, self.watch = container, w
+            if self.killed:
+                self._kill()
+
+    def _kill(self) -> None:
+        if self.watch is not None:
+            self.watch.killed = True
+            self.watch.done.set()
+        if self.container is not None:
+            with contextlib.suppress(Exception):  # already gone
+                self.container.kill()
+
+    def __call__(self) -> None:
+        with self._lock:
+            self.killed = True
+            self._kill()
+
+
+class DockerExecutor:
+    """Trials in containers (see the module docstring)."""
+
+    name = "docker"
+
+    def __init__(
+        self,
+        client: Any,
+        settings: DockerSettings,
+        gpu: GpuProbe | None = None,
+        cgroup_root: Path = DEFAULT_ROOT,
+    ) -> None:
+        self.client = client
+        self.settings = settings
+        self.gpu = gpu
+        self.cgroup_root = Path(cgroup_root)
+
+    @classmethod
+    def from_env(
+        cls,
+        *,
+        runner_name: str,
+        image: str | None = None,
+        cache_volume: str = DEFAULT_CACHE_VOLUME,
+        env_volume: str | None = None,
+        gpu: GpuProbe | None = None,
+        cgroup_root: Path = DEFAULT_ROOT,
+    ) -> DockerExecutor:
+        """Connect to the engine, check the image, remove this runner's leftovers."""
+        from docker.errors import ImageNotFound
+
+        client = _engine()
+        image = image or os.environ.get(IMAGE_ENV) or DEFAULT_IMAGE
+        try:
+            client.images.get(image)
+        except ImageNotFound:
+            raise Unavailable(f"--image: runner image {image} not found; {BUILD_HINT}") from None
+        if not (Path(cgroup_root) / "memory").is_dir() and not (
+            Path(cgroup_root) / "cgroup.controllers"
+        ).exists():
+            raise Unavailable(f"--cgroup-root: {cgroup_root} is not a cgroup v1 or v2 mount")
+        ca = os.environ.get("SSL_CERT_FILE")
+        settings = DockerSettings(
+            image=image,
+            runner_name=runner_name,
+            cache_volume=cache_volume,
+            env_volume=env_volume,
+            ca_bundle=ca if ca and Path(ca).is_file() else None,
+        )
+        executor = cls(client, settings, gpu, cgroup_root)
+        executor.remove_leftovers()
+        return executor
+
+    def leftovers(self) -> list[Any]:
+        label = f"{LABEL_RUNNER}={self.settings.runner_name}"
+        return self.client.containers.list(all=True, filters={"label": label})
+
+    def remove_leftovers(self) -> int:
+        """Remove every container of this runner's name (a killed runner's trials)."""
+        gone = 0
+        for container in self.leftovers():
+            _remove(container)
+            gone += 1
+        return gone
+
+    # -- a trial
+
+    def run_trial(
+        self,
+        spec: TrialSpec,
+        *,
+        on_sample: Callable[[Sample], None] | None = None,
+        on_start: Callable[[Kill], None] | None = None,
+        log: Callable[[str], None] | None = None,
+    ) -> TrialReport:
+        kill = _TrialKill()
+        if on_start is not None:
+            on_start(kill)
+        result = self._build(spec, kill, log)
+        if spec.kind == "resolve":
+            return _resolve_report(spec, result)
+        env = EnvResult.model_validate(result) if "ok" in result else _failed(result)
+        if not env.ok or env.python_executable is None or kill.killed:
+            return TrialReport(trial_id=spec.trial_id, attempt=spec.attempt, env=env,
+                               error="killed" if kill.killed else None)  # fmt: skip
+        try:
+            run = self._run(spec, env.python_executable, kill, on_sample)
+        except InvalidInput as exc:  # a BISECT_* variable: nothing ran
+            return TrialReport(
+                trial_id=spec.trial_id, attempt=spec.attempt, env=env, error=exc.detail()
+            )
+        return _report(spec, env, run)
+
+    def _build(self, spec: TrialSpec, kill: _TrialKill, log: Callable[[str], None] | None
+               ) -> dict[str, Any]:
+        """The build container's JSON answer (an `EnvResult`, or pins), or an error."""
+        started = time.monotonic()
+        kwargs = build_kwargs(self.settings, spec.trial_id, spec.attempt, spec.kind, spec.env)
+        container = self.client.containers.run(**kwargs)
+        kill.current(container)
+        try:
+            try:
+                container.wait(timeout=INSTALL_TIMEOUT_S)
+            except Exception:  # noqa: BLE001 - a timeout: kill it, report below
+                container.kill()
+            out = container.logs(stdout=True, stderr=False).decode("utf-8", "replace")
+            err = container.logs(stdout=False, stderr=True).decode("utf-8", "replace")
+        finally:
+            _remove(container)
+        if log is not None:
+            for line in err.splitlines()[-50:]:
+                log(line)
+        result = parse_result(out)
+        if result is None:
+            tail = err.strip().splitlines()[-5:]
+            reason = "killed" if kill.killed else "; ".join(tail) or "no output"
+            return {"error": f"build container: {reason}",
+                    "seconds": round(time.monotonic() - started, 3)}  # fmt: skip
+        return result
+
+    def _gpu_uuids(self) -> list[str]:
+        if self.gpu is None:
+            return []
+        return [d["uuid"] for d in self.gpu.describe()["devices"] if d.get("uuid")]
+
+    def _run(self, spec: TrialSpec, python: str, kill: _TrialKill,
+             on_sample: Callable[[Sample], None] | None) -> Execution:
+        check_variables(spec.variables)
+        limit = spec.memory_limit_bytes or default_limit_bytes()
+        name = Path(spec.script_name).name or "repro.py"
+        kwargs = run_kwargs(
+            self.settings, spec.trial_id, spec.attempt, python=python, script_name=name,
+            memory_limit_bytes=limit, variables=spec.variables,
+            gpu_uuids=self._gpu_uuids() if spec.requires_gpu else None,
+        )  # fmt: skip
+        kwargs.pop("detach")
+        container = self.client.containers.create(**kwargs)
+        try:
+            container.put_archive("/trial", _trial_tar(name, spec.script))
+            w = Watch()
+            kill.current(container, w)
+            container.start()
+            t0 = time.monotonic()
+            args = WatchArgs(spec.timeout_s, spec.sample_hz, limit, self.cgroup_root,
+                             self.gpu, on_sample)  # fmt: skip
+            return watch(container, args, w, t0)
+        finally:
+            kill.current(None)
+            _remove(container)
+
+
+def _trial_tar(name: str, script: str) -> io.BytesIO:
+    """work/ (0700), work/home, work/tmp and work/<script>, all the trial user's."""
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as tar:
+        for d in ("work", "work/home", "work/tmp"):
+            info = tarfile.TarInfo(d)
+            info.type, info.mode, info.uid, info.gid = tarfile.DIRTYPE, 0o700, TRIAL_UID, TRIAL_UID
+            tar.addfile(info)
+        data = script.encode()
+        info = tarfile.TarInfo(f"work/{name}")
+        info.size, info.mode, info.uid, info.gid = len(data), 0o600, TRIAL_UID, TRIAL_UID
+        tar.addfile(info, io.BytesIO(data))
+    buf.seek(0)
+    return buf
+
+
+def _remove(container: Any) -> None:
+    with contextlib.suppress(Exception):  # already removed
+        container.remove(force=True, v=True)
+
+
+def _failed(result: dict[str, Any]) -> EnvResult:
+    return EnvResult(ok=False, error=str(result.get("error") or "build failed"),
+                     seconds=float(result.get("seconds") or 0.0))  # fmt: skip
+
+
+def _resolve_report(spec: TrialSpec, result: dict[str, Any]) -> TrialReport:
+    if isinstance(result.get("pins"), list):
+        env = EnvResult(ok=True)
+        return TrialReport(trial_id=spec.trial_id, attempt=spec.attempt, env=env,
+                           pins=[str(p) for p in result["pins"]])  # fmt: skip
+    return TrialReport(trial_id=spec.trial_id, attempt=spec.attempt, env=_failed(result))

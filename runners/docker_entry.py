@@ -1,0 +1,82 @@
+"""What runs inside a trial's containers (the Docker executor's side of the wall).
+
+    python -m runners.docker_entry build ENV_ROOT SPEC_JSON     (build phase, host network)
+    python -m runners.docker_entry resolve ENV_ROOT SPEC_JSON   (build phase)
+    python -m runners.docker_entry run PYTHON SCRIPT            (run phase, no network)
+
+``build`` builds (or reuses) the candidate's environment under ENV_ROOT with uv
+(`runners.envs.build_env`) and prints the `EnvResult` as one JSON line on stdout; uv's
+progress goes to stderr. ``resolve`` prints ``{"pins": [...]}`` or ``{"error": "..."}``.
+
+``run`` runs ``PYTHON SCRIPT`` in the script's directory with this process's environment
+(the container's, already the allowlist), forwards SIGTERM/SIGINT to it, and when it ends
+prints ``::leakbisect-exit:: CODE`` on stderr (negative: killed by that signal) and waits
+up to `HOLD_S` seconds for the agent to stop the container: the agent reads the cgroup's
+``oom_kill`` counter while the cgroup still exists (it is removed with the container, and
+``State.OOMKilled`` alone is unreliable).
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+EXIT_MARKER = "::leakbisect-exit::"
+HOLD_S = 30.0
+
+
+def _build(kind: str, env_root: str, spec_json: str) -> int:
+    from runners.docker_spec import UV_CACHE
+    from runners.envs import EnvError, build_env, resolve_pins
+    from runners.wire import EnvResult, EnvSpec
+
+    spec = EnvSpec.model_validate_json(spec_json)
+
+    def log(line: str) -> None:
+        print(line, file=sys.stderr, flush=True)
+
+    if kind == "resolve":
+        try:
+            out: dict = {"pins": resolve_pins(spec, cache_dir=Path(UV_CACHE))}
+        except EnvError as exc:
+            out = {"error": str(exc)}
+        print(json.dumps(out), flush=True)
+        return 0
+    try:
+        env = build_env(spec, root=Path(env_root), cache_dir=Path(UV_CACHE), log=log)
+    except EnvError as exc:
+        env = EnvResult(ok=False, error=str(exc))
+    print(env.model_dump_json(), flush=True)
+    return 0
+
+
+def _run(python: str, script: str) -> int:
+    child = subprocess.Popen([python, script], cwd=str(Path(script).parent))
+
+    def forward(signum: int, _frame: object) -> None:
+        if child.poll() is None:
+            child.send_signal(signum)
+
+    signal.signal(signal.SIGTERM, forward)
+    signal.signal(signal.SIGINT, forward)
+    code = child.wait()
+    print(f"{EXIT_MARKER} {code}", file=sys.stderr, flush=True)
+    time.sleep(HOLD_S)  # the agent stops the container once it has read the counters
+    return 0
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) == 3 and argv[0] in ("build", "resolve"):
+        return _build(argv[0], argv[1], argv[2])
+    if len(argv) == 3 and argv[0] == "run":
+        return _run(argv[1], argv[2])
+    print(__doc__, file=sys.stderr)
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

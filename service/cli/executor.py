@@ -1,0 +1,149 @@
+"""The executor options of `run`, `runner` and `serve`, and the one place executors are made.
+
+``--executor local`` (the default: trials as sandboxed child processes) or ``docker``
+(every trial in containers of ``--image``: `runners.docker`). `with_executor_options`
+adds the flags to a command; the command then calls `make_executor`, which fails in one
+line (exit status of `Unavailable`, `service.cli.errors`) when the engine or the image is
+missing.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import functools
+import inspect
+from collections.abc import Callable
+from dataclasses import dataclass
+from enum import StrEnum
+from pathlib import Path
+from typing import Annotated, Any, TypeVar
+
+import typer
+
+from runners.docker import DEFAULT_CACHE_VOLUME, DEFAULT_IMAGE, IMAGE_ENV
+from runners.docker_cgroup import DEFAULT_ROOT
+from runners.errors import Unavailable
+from runners.nvml import GpuProbe
+from runners.trial import Executor, LocalExecutor
+from service.cli.errors import exit_status, fail
+from service.settings import Settings
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+class ExecutorKind(StrEnum):
+    local = "local"
+    docker = "docker"
+
+
+@dataclass(frozen=True)
+class ExecutorChoice:
+    kind: ExecutorKind = ExecutorKind.local
+    image: str = DEFAULT_IMAGE
+    cache_volume: str = DEFAULT_CACHE_VOLUME
+    env_volume: str | None = None
+    cgroup_root: Path = DEFAULT_ROOT
+
+
+_CHOICE: contextvars.ContextVar[ExecutorChoice | None] = contextvars.ContextVar(
+    "executor_choice", default=None
+)
+
+_PARAMS: dict[str, tuple[Any, Any]] = {
+    "executor": (
+        Annotated[ExecutorKind, typer.Option(
+            "--executor", envvar="BISECT_EXECUTOR", case_sensitive=False,
+            help="Where trials run: local (sandboxed child processes) or docker (one "
+            "container per phase of each trial, from --image; needs a Docker engine).",
+        )],
+        ExecutorKind.local,
+    ),
+    "image": (
+        Annotated[str, typer.Option(
+            "--image", envvar=IMAGE_ENV,
+            help="Runner image of --executor docker (dockerfiles/runner.Dockerfile).",
+        )],
+        DEFAULT_IMAGE,
+    ),
+    "cache_volume": (
+        Annotated[str, typer.Option(
+            "--cache-volume", envvar="BISECT_CACHE_VOLUME",
+            help="Docker volume of the shared uv cache (and of the environments unless "
+            "--env-volume).",
+        )],
+        DEFAULT_CACHE_VOLUME,
+    ),
+    "env_volume": (
+        Annotated[str | None, typer.Option(
+            "--env-volume", envvar="BISECT_ENV_VOLUME", show_default=False,
+            help="Docker volume for the environments, apart from the uv cache (uv then "
+            "copies instead of hard-linking).",
+        )],
+        None,
+    ),
+    "cgroup_root": (
+        Annotated[Path, typer.Option(
+            "--cgroup-root", envvar="BISECT_CGROUP_ROOT",
+            help="The host's cgroup tree as this process sees it (mount it there when the "
+            "runner itself runs in a container); trial containers are sampled from it.",
+        )],
+        DEFAULT_ROOT,
+    ),
+}  # fmt: skip
+
+
+def with_executor_options(func: F) -> F:
+    """Add --executor, --image, --cache-volume, --env-volume, --cgroup-root to a command."""
+    signature = inspect.signature(func)
+    params = list(signature.parameters.values())
+    var_kw = [p for p in params if p.kind is inspect.Parameter.VAR_KEYWORD]
+    plain = [p for p in params if p.kind is not inspect.Parameter.VAR_KEYWORD]
+    added = [
+        inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=default, annotation=ann)
+        for name, (ann, default) in _PARAMS.items()
+    ]
+
+    @functools.wraps(func)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        choice = ExecutorChoice(
+            kind=ExecutorKind(kwargs.pop("executor")),
+            image=kwargs.pop("image"),
+            cache_volume=kwargs.pop("cache_volume"),
+            env_volume=kwargs.pop("env_volume") or None,
+            cgroup_root=Path(kwargs.pop("cgroup_root")),
+        )
+        token = _CHOICE.set(choice)
+        try:
+            return func(*args, **kwargs)
+        finally:
+            _CHOICE.reset(token)
+
+    new = [*(p.replace(kind=inspect.Parameter.KEYWORD_ONLY) for p in plain), *added, *var_kw]
+    wrapper.__signature__ = signature.replace(parameters=new)  # type: ignore[attr-defined]
+    wrapper.__annotations__ = {p.name: p.annotation for p in new if p.kind != p.VAR_KEYWORD}
+    return wrapper  # type: ignore[return-value]
+
+
+def chosen() -> ExecutorChoice:
+    """The executor options of the running command."""
+    return _CHOICE.get() or ExecutorChoice()
+
+
+def make_executor(settings: Settings, gpu: GpuProbe | None, runner_name: str) -> Executor:
+    """The chosen executor, or one line on stderr and the exit status of `Unavailable`."""
+    choice = chosen()
+    try:
+        if choice.kind is ExecutorKind.docker:
+            from runners.docker import DockerExecutor
+
+            return DockerExecutor.from_env(
+                runner_name=runner_name,
+                image=choice.image,
+                cache_volume=choice.cache_volume,
+                env_volume=choice.env_volume,
+                gpu=gpu,
+                cgroup_root=choice.cgroup_root,
+            )
+        return LocalExecutor(settings.env_root, settings.uv_cache_dir, gpu)
+    except Unavailable as exc:
+        fail(str(exc), exit_status(exc))
