@@ -16,9 +16,10 @@ from runners.wire import API_PREFIX
 from service.api import errors
 from service.api.guard import Guard
 from service.api.maintenance import Maintenance
-from service.api.routes import api_router
+from service.api.routes import actions, api_router
 from service.db import get_engine, upgrade
 from service.settings import Settings, get_settings
+from service.web import install as install_web
 
 log = logging.getLogger(__name__)
 
@@ -53,4 +54,7 @@ def create_app(settings: Settings | None = None, *, migrate: bool = True) -> Fas
     errors.install(app)
     app.add_middleware(Guard, settings=settings)
     app.include_router(api_router, prefix=API_PREFIX)
+    # Markdown report and re-runs (routes/actions.py); the status page at / (service/web/).
+    app.include_router(actions.router, prefix=API_PREFIX)
+    install_web(app)
     return app
