@@ -98,6 +98,15 @@
 
   document.addEventListener("DOMContentLoaded", function () { drawCurves(document); });
   document.addEventListener("htmx:afterSettle", function () { drawCurves(document); });
+  // htmx's own history is off (its snapshots re-parse the page, which the CSP's style-src
+  // refuses); a selected cell still gets its permalink in the address bar.
+  document.addEventListener("click", function (e) {
+    var cell = e.target.closest ? e.target.closest("a.cell[hx-get]") : null;
+    if (cell && window.htmx && !e.ctrlKey && !e.metaKey && !e.shiftKey) {
+      history.pushState({ leakbisect: true }, "", cell.href);
+    }
+  });
+  window.addEventListener("popstate", function () { location.reload(); });
   document.addEventListener("click", function (e) {
     var button = e.target.closest ? e.target.closest("[data-copy]") : null;
     if (!button) { return; }
