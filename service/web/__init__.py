@@ -4,14 +4,17 @@
 (service/web/static/, see its vendor/VENDORED.md): nothing is loaded from a CDN.
 """
 
+from pathlib import Path
+
 from fastapi import FastAPI
 from fastapi.staticfiles import StaticFiles
 
-from service.web.render import HERE
+STATIC = Path(__file__).resolve().parent / "static"
 
 
 def install(app: FastAPI) -> None:
+    # Imported here: the routes import the API's modules, which import this package.
     from service.web.routes import router
 
     app.include_router(router)
-    app.mount("/static", StaticFiles(directory=HERE / "static"), name="static")
+    app.mount("/static", StaticFiles(directory=STATIC), name="static")

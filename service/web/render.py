@@ -11,7 +11,13 @@ from typing import Any
 
 from fastapi import Request
 from fastapi.responses import HTMLResponse
-from jinja2 import ChainableUndefined, Environment, FileSystemLoader, select_autoescape
+from jinja2 import (
+    ChainableUndefined,
+    Environment,
+    FileSystemLoader,
+    Undefined,
+    select_autoescape,
+)
 
 from service.text import printable
 from service.web import auth
@@ -38,9 +44,16 @@ env = Environment(
 )
 # Outside text (script output, uv's notes) without control characters; escaping follows.
 env.filters["printable"] = lambda text: printable(text or "")
-env.filters["mib"] = lambda b: "" if b is None else f"{b / 1024 / 1024:.1f} MiB"
-env.filters["num"] = lambda v, d=2: "" if v is None else f"{v:.{d}f}"
-env.filters["when"] = lambda t: "" if t is None else t.strftime("%Y-%m-%d %H:%M:%S")
+
+
+def _missing(value: Any) -> bool:
+    # Analysis dicts are the classifier's: a figure it could not compute is None or absent.
+    return value is None or isinstance(value, Undefined)
+
+
+env.filters["mib"] = lambda b: "" if _missing(b) else f"{b / 1024 / 1024:.1f} MiB"
+env.filters["num"] = lambda v, d=2: "" if _missing(v) else f"{v:.{d}f}"
+env.filters["when"] = lambda t: "" if _missing(t) else t.strftime("%Y-%m-%d %H:%M:%S")
 
 
 def render(request: Request, name: str, context: dict[str, Any], status: int = 200) -> HTMLResponse:

@@ -23,6 +23,8 @@ from service.text import printable
 MIB = 1024 * 1024
 # Points per trial curve at most (min and max per bucket: spikes and floors survive).
 MAX_POINTS = 2000
+# Step ticks drawn at most (every k-th step beyond that).
+MAX_TICKS = 500
 PAGE_SIZE = 25
 
 LETTERS = {
@@ -324,7 +326,7 @@ def curve(engine: Engine, trial: Trial) -> dict[str, Any]:
         if any(s.shared is not None for s in kept)
         else None,
         "gpu": _mib([s.gpu for s in kept]) if any(s.gpu is not None for s in kept) else None,
-        "steps": ticks[:: max(1, len(ticks) // 500)],
+        "steps": ticks[:: max(1, -(-len(ticks) // MAX_TICKS))],
         "host": _overlay(analysis.get("host"), samples, first_step),
         "gpu_overlay": _overlay(analysis.get("gpu"), samples, first_step),
     }
