@@ -53,6 +53,7 @@ def _missing(value: Any) -> bool:
 
 env.filters["mib"] = lambda b: "" if _missing(b) else f"{b / 1024 / 1024:.1f} MiB"
 env.filters["num"] = lambda v, d=2: "" if _missing(v) else f"{v:.{d}f}"
+env.filters["fig"] = lambda v, d=2, unit="": "—" if _missing(v) else f"{v:.{d}f}{unit}"
 env.filters["when"] = lambda t: "" if _missing(t) else t.strftime("%Y-%m-%d %H:%M:%S")
 
 
