@@ -364,3 +364,29 @@ def test_again_and_rerun(site: Site, fixture_index: str) -> None:
     assert "<h1>Job" in new_page and '<span class="range">1.0.0..1.0.1</span>' in new_page
     worse = site.http.post(f"/jobs/{job}/again", data={"csrf": token, "repeats": "many"})
     assert worse.status_code == 422 and "repeats: a whole number from 1 to 20" in worse.text
+
+
+def test_pages_and_watcher_on_postgres(
+    pg_url: str, tmp_path: Path, reachable_dir: Any, uv_cache: Path
+) -> None:
+    from service.web.events import fingerprints
+
+    job = add_job(pg_url, JobStatus.RUNNING, verdicts={"1.0": "clean"}, leased="1.3")
+    done = add_job(
+        pg_url,
+        JobStatus.FOUND,
+        verdicts={"1.0": "clean", "1.3": "leak"},
+        result={"status": "found", "last_old": "1.0", "first_new": "1.3", "skipped": []},
+    )
+    before = fingerprints(get_engine(pg_url))
+    assert set(before) == {job, done}
+    _touch_trial(pg_url, job, TrialStatus.DONE)
+    after = fingerprints(get_engine(pg_url))
+    assert after[job] != before[job] and after[done] == before[done]
+    env = service_env(tmp_path, reachable_dir, uv_cache)
+    with serving(tmp_path, env, pg_url) as svc:
+        listing = httpx.get(f"{svc.url}/").text
+        assert [int(i) for i in re.findall(r'<tr id="job-row-(\d+)">', listing)] == [done, job]
+        assert "1.0 → 1.3" in listing and "1/4 judged, 1 running" in listing
+        page = httpx.get(f"{svc.url}/jobs/{done}").text
+        assert answer(page) == "first bad 1.3, last good 1.0"

@@ -133,7 +133,9 @@ def test_admin_cancels_any_job_with_csrf(secured: tuple[str, dict[str, int]]) ->
     assert admin.post(f"/jobs/{ids['bob']}/cancel", data={}).status_code == 403
     r = admin.post(f"/jobs/{ids['bob']}/cancel", data={"csrf": admin.cookies["lb_csrf"]})
     assert r.status_code == 303
-    assert '<span class="badge s-cancelled">cancelled</span>' in admin.get(f"/jobs/{ids['bob']}").text
+    assert (
+        '<span class="badge s-cancelled">cancelled</span>' in admin.get(f"/jobs/{ids['bob']}").text
+    )
 
 
 def test_logout_clears_the_session(secured: tuple[str, dict[str, int]]) -> None:

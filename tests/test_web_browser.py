@@ -28,9 +28,17 @@ from tests.web_support import service_env, serving
 pytestmark = pytest.mark.browser
 CHROMIUM = os.environ.get("LEAKBISECT_CHROMIUM", "/usr/bin/chromium")
 FINAL = {
-    "1.0.0": "C", "1.0.1": "·", "1.0.2": "·", "1.0.3": "·", "1.0.4": "×",
-    "1.0.5": "C", "1.0.6": "L", "1.0.7": "L", "1.0.8": "·", "1.0.9": "L",
-}  # fmt: skip
+    "1.0.0": "C",
+    "1.0.1": "·",
+    "1.0.2": "·",
+    "1.0.3": "·",
+    "1.0.4": "×",
+    "1.0.5": "C",
+    "1.0.6": "L",
+    "1.0.7": "L",
+    "1.0.8": "·",
+    "1.0.9": "L",
+}
 
 
 @pytest.fixture(scope="module")
@@ -61,9 +69,12 @@ def shots_dir(tmp_path: Path) -> Path:
 
 def submit(base: str, index: str, reuse: bool = True) -> int:
     body = {
-        "package": "leakyfixture", "range": "1.0.0..1.0.9", "script": REPRO.read_text(),
-        "index_url": index, "reuse_verdicts": reuse,
-    }  # fmt: skip
+        "package": "leakyfixture",
+        "range": "1.0.0..1.0.9",
+        "script": REPRO.read_text(),
+        "index_url": index,
+        "reuse_verdicts": reuse,
+    }
     r = httpx.post(f"{base}/api/v1/jobs", json=body, timeout=60)
     assert r.status_code == 201, r.text
     return r.json()["id"]
