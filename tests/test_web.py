@@ -318,6 +318,13 @@ def test_markdown_report_api_and_cli(site: Site) -> None:
         timeout=60,
     )
     assert missing.returncode == 2 and missing.stderr.strip() == "error: job 999 not found"
+    remote = subprocess.run(
+        [*CLI, "report", str(job), "--markdown", "--server", site.url],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert remote.returncode == 0 and remote.stdout == api.text
     both = subprocess.run(
         CLI + ["report", "1", "--markdown", "--json"], capture_output=True, text=True
     )

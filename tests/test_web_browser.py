@@ -22,8 +22,9 @@ from typing import Any
 import httpx
 import pytest
 
+from service.models import JobStatus
 from tests.test_cli_service import REPRO
-from tests.web_support import service_env, serving
+from tests.web_support import HOSTILE_LOG, HOSTILE_REQ, add_job, service_env, serving
 
 pytestmark = pytest.mark.browser
 CHROMIUM = os.environ.get("LEAKBISECT_CHROMIUM", "/usr/bin/chromium")
@@ -54,11 +55,12 @@ def chromium() -> str:
 @pytest.fixture(scope="module")
 def server(
     tmp_path_factory: pytest.TempPathFactory, reachable_dir: Any, uv_cache: Path
-) -> Iterator[str]:
+) -> Iterator[tuple[str, str]]:
     home = tmp_path_factory.mktemp("web-browser")
     env = service_env(home, reachable_dir, uv_cache)
-    with serving(home, env, f"sqlite:///{home / 'browser.db'}", "--runners", "1") as svc:
-        yield svc.url
+    url = f"sqlite:///{home / 'browser.db'}"
+    with serving(home, env, url, "--runners", "1") as svc:
+        yield svc.url, url
 
 
 def shots_dir(tmp_path: Path) -> Path:
@@ -86,10 +88,11 @@ def strip_letters(page: Any) -> dict[str, str]:
 
 
 def test_watch_a_bisection_live(
-    chromium: str, server: str, fixture_index: str, tmp_path: Path
+    chromium: str, server: tuple[str, str], fixture_index: str, tmp_path: Path
 ) -> None:
     from playwright.sync_api import sync_playwright
 
+    server, db_url = server
     shots = shots_dir(tmp_path)
     errors: list[str] = []
     job = submit(server, fixture_index)
@@ -164,5 +167,43 @@ def test_watch_a_bisection_live(
         phone.goto(f"{server}/jobs/{job}")
         phone.wait_for_selector(".curve[data-drawn=done] canvas")
         phone.screenshot(path=str(shots / "web-job-phone.png"), full_page=False)
+        check_without_javascript(browser, server, job)
+        check_hostile_output(browser, server, db_url, errors)
         browser.close()
     assert errors == []
+
+
+def check_without_javascript(browser: Any, server: str, job: int) -> None:
+    """The same page, static: the answer, the strip, the Markdown; no copy button."""
+    page = browser.new_context(java_script_enabled=False).new_page()
+    page.goto(f"{server}/jobs/{job}")
+    assert page.inner_text("#answer") == "first bad 1.0.6, last good 1.0.5, confirmed twice"
+    assert strip_letters(page) == FINAL
+    assert not page.is_visible("#copy-md")
+    page.click("summary:text-is(\"Markdown\")")
+    assert page.input_value("#markdown").startswith("### leakbisect: `leakyfixture`")
+    page.click("a.cell[data-version='1.0.0']")  # a plain link without JavaScript
+    assert page.url == f"{server}/jobs/{job}?candidate=1.0.0"
+    assert page.inner_text("#candidate h2") == "Release 1.0.0: clean"
+
+
+def check_hostile_output(browser: Any, server: str, db_url: str, errors: list[str]) -> None:
+    """A script that printed <script>alert(1)</script> and a requirement with an onerror
+    handler: shown as text, nothing runs (no dialog opens)."""
+    job = add_job(
+        db_url,
+        JobStatus.FOUND,
+        verdicts={"1.0": "clean", "1.3": "leak"},
+        log_tail=HOSTILE_LOG,
+        requirements=[HOSTILE_REQ],
+        result={"status": "found", "last_old": "1.0", "first_new": "1.3", "skipped": []},
+    )
+    dialogs: list[str] = []
+    page = browser.new_page()
+    page.on("dialog", lambda d: (dialogs.append(d.message), d.dismiss()))
+    page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
+    page.goto(f"{server}/jobs/{job}?candidate=1.3")
+    page.click("text=Log tail")
+    assert "<script>alert(1)</script>" in page.inner_text("pre.log-tail")
+    assert HOSTILE_REQ in page.inner_text("dl.args")
+    assert page.query_selector("img") is None and dialogs == []
