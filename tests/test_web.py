@@ -397,3 +397,34 @@ def test_pages_and_watcher_on_postgres(
         assert "1.0 → 1.3" in listing and "1/4 judged, 1 running" in listing
         page = httpx.get(f"{svc.url}/jobs/{done}").text
         assert answer(page) == "first bad 1.3, last good 1.0"
+
+
+def test_gpu_series_and_overlay_in_the_curve(site: Site) -> None:
+    job = add_job(site.db_url, JobStatus.FOUND, verdicts={"1.0": "leak"})
+    mib = 1024 * 1024
+    with Session(get_engine(site.db_url)) as session:
+        trial = session.exec(select(Trial).where(Trial.job_id == job)).one()
+        trial.analysis = {
+            **(trial.analysis or {}),
+            "gpu": {
+                "verdict": "leak",
+                "unit": "MiB/s",
+                "floors_mib": [100.0, 110.0],
+                "floor_x": [2.0, 8.0],
+                "slope": 5 / 3,
+                "window": 9.0,
+            },
+        }
+        trial.gpu_source = "nvml-process"
+        session.add(trial)
+        trial_id = trial.id
+        session.commit()
+    rows = [{"t": i * 0.1, "rss": 50 * mib, "gpu": (100 + i // 10) * mib} for i in range(100)]
+    add_samples(site.db_url, trial_id, rows)  # type: ignore[arg-type]
+    curve = site.get(f"/jobs/{job}/trials/{trial_id}/curve.json").json()
+    assert curve["gpu"][0] == 100.0 and curve["gpu"][-1] == 109.0
+    assert curve["gpu_overlay"]["floors"] == [[2.0, 100.0], [8.0, 110.0]]
+    assert curve["gpu_overlay"]["slope"] == [[2.0, 100.0], [8.0, 110.0]]
+    assert curve["gpu_overlay"]["judged_from"] == 0.9  # the last sample (9.9 s) - window
+    page = site.get(f"/jobs/{job}").text
+    assert "<tr><td>GPU</td><td>leak</td>" in page and "GPU nvml-process" in page

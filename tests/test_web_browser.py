@@ -110,6 +110,7 @@ def test_watch_a_bisection_live(
             "document.body.addEventListener('htmx:sseMessage', () => window.__sse++)"
         )
         seen = [strip_letters(page)]
+        page.click("summary:text-is(\"Markdown\")")  # opened by the reader: stays open
         took_running = False
         deadline = time.monotonic() + 240
         while page.get_attribute("#job-live", "data-status") != "found":
@@ -124,6 +125,7 @@ def test_watch_a_bisection_live(
         seen.append(strip_letters(page))
         assert page.evaluate("window.__same_page") == "yes"  # filled in without a reload
         assert page.evaluate("window.__sse") > 0
+        assert page.get_attribute("#markdown-details", "open") is not None
         assert seen[-1] == FINAL and len(seen) >= 3, seen
         assert took_running
         assert page.inner_text("#answer") == "first bad 1.0.6, last good 1.0.5, confirmed twice"
@@ -162,7 +164,9 @@ def test_watch_a_bisection_live(
         page.wait_for_selector(f"#job-row-{second}")
         assert page.inner_text(f"#job-row-{job} .result") == "1.0.5 → 1.0.6"
         page.screenshot(path=str(shots / "web-list.png"), full_page=True)
-        phone = browser.new_context(viewport={"width": 390, "height": 844}).new_page()
+        phone = browser.new_context(
+            viewport={"width": 390, "height": 844}, color_scheme="dark"
+        ).new_page()
         phone.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
         phone.goto(f"{server}/jobs/{job}")
         phone.wait_for_selector(".curve[data-drawn=done] canvas")

@@ -96,6 +96,18 @@
     });
   }
 
+  // A live refresh replaces the fragment: keep the sections the reader opened open.
+  var opened = [];
+  document.addEventListener("htmx:beforeSwap", function () {
+    opened = Array.prototype.map.call(document.querySelectorAll("details[open][id]"), function (d) { return d.id; });
+  });
+  document.addEventListener("htmx:afterSettle", function () {
+    opened.forEach(function (id) {
+      var d = document.getElementById(id);
+      if (d) { d.open = true; }
+    });
+  });
+
   document.addEventListener("DOMContentLoaded", function () { drawCurves(document); });
   document.addEventListener("htmx:afterSettle", function () { drawCurves(document); });
   // htmx's own history is off (its snapshots re-parse the page, which the CSP's style-src
