@@ -371,6 +371,9 @@ def test_again_and_rerun(site: Site, fixture_index: str) -> None:
     assert "<h1>Job" in new_page and '<span class="range">1.0.0..1.0.1</span>' in new_page
     worse = site.http.post(f"/jobs/{job}/again", data={"csrf": token, "repeats": "many"})
     assert worse.status_code == 422 and "repeats: a whole number from 1 to 20" in worse.text
+    many = site.http.post(f"/jobs/{job}/again", data={"csrf": token, "repeats": "99"})
+    assert many.status_code == 422
+    assert "repeats: Input should be less than or equal to 20" in many.text
 
 
 def test_pages_and_watcher_on_postgres(

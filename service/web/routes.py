@@ -19,9 +19,10 @@ from fastapi.responses import (
     Response,
     StreamingResponse,
 )
+from pydantic import ValidationError
 from sqlmodel import Session
 
-from runners.errors import Conflict, Forbidden, LeakbisectError
+from runners.errors import Conflict, Forbidden, InvalidInput, LeakbisectError
 from service import store
 from service.api.deps import Caller
 from service.api.errors import http_status
@@ -342,8 +343,12 @@ async def again_post(request: Request, job_id: int) -> Response:
     try:
         repeats = int(form["repeats"]) if form.get("repeats", "").strip() else None
         body = AgainRequest(repeats=repeats, candidate=form.get("candidate") or None)
-    except ValueError:
-        return _error(request, caller, _bad("repeats: a whole number from 1 to 20"))
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        field = ".".join(str(p) for p in first["loc"]) or "form"
+        return _error(request, caller, InvalidInput(first["msg"], field=field))
+    except ValueError:  # int() of something that is no number
+        return _error(request, caller, InvalidInput("a whole number from 1 to 20", field="repeats"))
     try:
         with Session(_engine(request)) as session:
             job = _job(session, job_id, caller)
@@ -352,12 +357,6 @@ async def again_post(request: Request, job_id: int) -> Response:
     except LeakbisectError as exc:
         return _error(request, caller, exc)
     return RedirectResponse(f"/jobs/{new_id}", status_code=303)
-
-
-def _bad(message: str) -> LeakbisectError:
-    from runners.errors import InvalidInput
-
-    return InvalidInput(message)
 
 
 # --------------------------------------------------------------------------- events

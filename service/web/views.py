@@ -139,10 +139,9 @@ def default_selection(public: JobPublic, cells: list[Cell]) -> str | None:
     """The cell shown when none is asked: the first bad, else what runs, else the last judged."""
     if public.first_new:
         return public.first_new
-    for css in ("running",):
-        for cell in cells:
-            if cell.css == css:
-                return cell.version
+    for cell in cells:
+        if cell.css == "running":
+            return cell.version
     judged = [c for c in cells if c.css in LETTERS]
     return judged[-1].version if judged else (cells[0].version if cells else None)
 
@@ -222,6 +221,7 @@ def freeze_changes(
 
 
 # --------------------------------------------------------------------------- curves
+
 
 class Point(NamedTuple):
     """One stored sample, as `runners.series.downsample` reads it (attributes)."""
