@@ -70,6 +70,12 @@ STATES = {
         },
         message="only skipped releases separate 1.0 and 1.3",
     ),
+    "find_fix": dict(
+        status=JobStatus.FOUND,
+        find_fix=True,
+        verdicts={"1.0": "leak", "1.1": "leak", "1.2": "clean"},
+        result={"status": "found", "last_old": "1.1", "first_new": "1.2", "skipped": []},
+    ),
     "cancelled": dict(status=JobStatus.CANCELLED, message="cancelled on request"),
     "error": dict(status=JobStatus.ERROR, message="the planner failed: boom"),
 }
@@ -79,6 +85,7 @@ BANNERS = {
     "found": "first bad 1.2, last good 1.1",
     "bounds_failed": "a bound failed its check: the good bound 1.0 leaks: start the range earlier",
     "inconclusive": "inconclusive: only unjudgeable releases separate the pair (1.1, 1.2)",
+    "find_fix": "first good 1.2, last bad 1.1",
     "cancelled": "cancelled: cancelled on request",
     "error": "error: the planner failed: boom",
 }
@@ -131,6 +138,9 @@ def test_every_state_renders_its_banner_without_javascript(site: Site) -> None:
     inconclusive = site.get(f"/jobs/{site.ids['inconclusive']}").text
     assert cells(inconclusive) == {"1.0": "C", "1.1": "S", "1.2": "×", "1.3": "L"}
     assert 'id="cancel"' not in inconclusive
+    fixed = site.get(f"/jobs/{site.ids['find_fix']}").text
+    assert '<span class="bound">first good</span>' in fixed
+    assert '<span class="bound">last bad</span>' in fixed
 
 
 def test_the_example_job_page(site: Site) -> None:
@@ -170,7 +180,7 @@ def test_fragments_and_list(site: Site) -> None:
     ids = [int(i) for i in re.findall(r'<tr id="job-row-(\d+)">', listing)]
     assert ids == sorted(ids, reverse=True) and len(ids) == len(site.ids)
     found_only = site.get("/?status=found").text
-    assert re.findall(r'<span class="badge s-(\w+)">', found_only) == ["found"] * 3
+    assert re.findall(r'<span class="badge s-(\w+)">', found_only) == ["found"] * 4
     evil = site.get("/fragments/jobs?package=EVIL_pkg").text  # PEP 503 comparison
     assert re.findall(r'<tr id="job-row-(\d+)">', evil) == [str(site.ids["hostile"])]
     assert "1.0.5 → 1.0.6" in listing and "5/10 judged" in listing

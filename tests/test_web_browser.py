@@ -110,7 +110,7 @@ def test_watch_a_bisection_live(
             "document.body.addEventListener('htmx:sseMessage', () => window.__sse++)"
         )
         seen = [strip_letters(page)]
-        page.click("summary:text-is(\"Markdown\")")  # opened by the reader: stays open
+        page.click('summary:text-is("Markdown")')  # opened by the reader: stays open
         took_running = False
         deadline = time.monotonic() + 240
         while page.get_attribute("#job-live", "data-status") != "found":
@@ -184,7 +184,7 @@ def check_without_javascript(browser: Any, server: str, job: int) -> None:
     assert page.inner_text("#answer") == "first bad 1.0.6, last good 1.0.5, confirmed twice"
     assert strip_letters(page) == FINAL
     assert not page.is_visible("#copy-md")
-    page.click("summary:text-is(\"Markdown\")")
+    page.click('summary:text-is("Markdown")')
     assert page.input_value("#markdown").startswith("### leakbisect: `leakyfixture`")
     page.click("a.cell[data-version='1.0.0']")  # a plain link without JavaScript
     assert page.url == f"{server}/jobs/{job}?candidate=1.0.0"

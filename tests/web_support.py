@@ -81,6 +81,7 @@ def add_job(
     requirements: list[str] | None = None,
     leased: str | None = None,
     log_tail: str | None = None,
+    find_fix: bool = False,
 ) -> int:
     """A job in `status` with candidates `versions` (verdicts by version), one done trial per
     judged candidate (with `log_tail`), one leased trial of `leased`; returns its id."""
@@ -98,6 +99,7 @@ def add_job(
             result=result,
             message=message,
             owner=owner,
+            find_fix=find_fix,
             requirements=requirements or [],
             finished_at=utcnow() if status.finished else None,
         )
