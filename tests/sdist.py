@@ -15,7 +15,7 @@ from pathlib import Path
 
 from service.example.index import serve_index
 
-BACKEND = """
+BACKEND = '''
 import json, os, pathlib
 
 def _caught():
@@ -34,7 +34,7 @@ def build_wheel(wheel_directory, config_settings=None, metadata_directory=None):
     raise RuntimeError("evilbuild refuses to build")
 
 get_requires_for_build_sdist = get_requires_for_build_wheel
-"""
+'''
 
 PYPROJECT = """
 [build-system]

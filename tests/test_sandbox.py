@@ -36,7 +36,9 @@ from runners.users import identities
 MiB = 2**20
 ROOT = os.geteuid() == 0
 needs_root = pytest.mark.skipif(not ROOT, reason="dropping to the trial user needs root")
-HAS_V1 = limits.discover().v1_memory is not None and os.access(limits.discover().v1_memory, os.W_OK)
+HAS_V1 = (
+    limits.discover().v1_memory is not None and os.access(limits.discover().v1_memory, os.W_OK)
+)
 CAPS = [
     pytest.param(
         "cgroup-v1",
@@ -455,11 +457,9 @@ def _running_python_is_locked_away() -> bool:
         return False
     from runners.uvrun import installed_pythons
 
-    return (
-        users.blocked_by(Path(os.path.realpath(sys.executable)), identities().trial, "x")
-        is not None
-        and platform.python_version() not in installed_pythons()
-    )
+    return users.blocked_by(
+        Path(os.path.realpath(sys.executable)), identities().trial, "x"
+    ) is not None and platform.python_version() not in installed_pythons()
 
 
 @pytest.mark.skipif(

@@ -216,3 +216,4 @@ def test_build_backends_see_no_runner_secrets(
         assert "SECRET" not in json.dumps(probe["env"]), name
         assert probe["env"]["HOME"].startswith("/tmp/leakbisect-build-"), probe["env"]["HOME"]
         assert probe["uid"] == (build.uid if build is not None else os.getuid())
+
