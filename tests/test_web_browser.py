@@ -135,7 +135,8 @@ def test_watch_a_bisection_live(
         page.click("a.cell[data-version='1.0.6']")
         page.wait_for_selector("#candidate h2:has-text('Release 1.0.6')")
         assert page.url == f"{server}/jobs/{job}?candidate=1.0.6"
-        page.wait_for_selector(".curve[data-drawn=done] canvas")
+        # Each curve is fetched on its own: wait for the second as well.
+        page.locator(".curve[data-drawn=done] canvas").nth(1).wait_for()
         drawn = page.query_selector_all(".curve[data-drawn=done]")
         assert len(drawn) == 2 and all(d.query_selector("canvas") for d in drawn)
         assert "samples drawn" in drawn[0].inner_text()
