@@ -245,12 +245,19 @@ def test_sse_says_the_job_changed(site: Site, path: str, expect: str) -> None:
         target=_read_events, args=(site.url + path.format(id=job), lines, stop)
     )
     reader.start()
+    deadline = time.monotonic() + 30
     while not any(line == ": connected" for line in lines):
+        assert time.monotonic() < deadline, f"stream did not open: {lines}"
         time.sleep(0.05)
-    time.sleep(1.5)  # the watcher's first poll records the current state
-    _touch_trial(site.db_url, job, TrialStatus.LEASED)  # a runner took a trial
-    reader.join(20)
+    # A runner takes a trial. Touched again until the stream tells: the watcher's first
+    # poll only records the state it finds, and a loaded machine may be slow to make it.
+    for _ in range(15):
+        _touch_trial(site.db_url, job, TrialStatus.LEASED)
+        reader.join(2)
+        if not reader.is_alive():
+            break
     stop.set()
+    reader.join(20)
     assert lines[0] == "status 200 text/event-stream; charset=utf-8"
     assert lines[-1] == expect.format(id=job)
     assert lines[-2] in ("event: changed", "event: jobs")
