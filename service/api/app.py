@@ -19,9 +19,10 @@ from service import queue
 from service.api import errors
 from service.api.guard import Guard
 from service.api.maintenance import Maintenance
-from service.api.routes import api_router
+from service.api.routes import actions, api_router
 from service.db import get_engine, upgrade
 from service.settings import Settings, get_settings
+from service.web import install as install_web
 
 log = logging.getLogger(__name__)
 
@@ -60,4 +61,7 @@ def create_app(settings: Settings | None = None, *, migrate: bool = True) -> Fas
     errors.install(app)
     app.add_middleware(Guard, settings=settings)
     app.include_router(api_router, prefix=API_PREFIX)
+    # Markdown report and re-runs (routes/actions.py); the status page at / (service/web/).
+    app.include_router(actions.router, prefix=API_PREFIX)
+    install_web(app)
     return app

@@ -25,6 +25,7 @@ app.command(name="status")(jobs.status)
 app.command(name="list")(jobs.list_jobs)
 app.command(name="cancel")(jobs.cancel)
 app.command(name="logs")(jobs.logs)
+app.command(name="report")(jobs.report)
 app.add_typer(db.app, name="db")
 
 

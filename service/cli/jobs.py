@@ -1,4 +1,5 @@
-"""`bisect-cli status | list | cancel | logs`: read and steer jobs on a server.
+"""`bisect-cli status | list | cancel | logs | report`: read and steer jobs on a server
+(`report --local`: a `bisect-cli run` result in the local database).
 
 Each prints a short human form, or with --json the server's JSON unchanged.
 Exit status: 0 when the server answered, 2 for a refused request (HTTP 4xx:
@@ -14,8 +15,10 @@ from rich.markup import escape
 from rich.table import Table
 
 from service.cli.display import render_report
-from service.cli.options import Json
+from service.cli.errors import fail
+from service.cli.options import DatabaseUrl, Json
 from service.cli.remote import DEFAULT_SERVER, Server, Token, api_errors, make_client
+from service.markdown import markdown_report
 from service.report import Report
 from service.text import printable
 
@@ -149,3 +152,79 @@ def logs(
     # The script's own output: whatever it printed must not reach the terminal as control.
     tail = printable(info.get("log_tail") or "")
     typer.echo(tail, nl=not tail.endswith("\n"))
+
+
+Markdown = Annotated[
+    bool,
+    typer.Option("--markdown", help="Print the report as Markdown, ready for an upstream issue."),
+]
+Local = Annotated[
+    bool,
+    typer.Option(
+        "--local",
+        help="Read a `bisect-cli run` result from the results database (--database-url) "
+        "instead of asking a server.",
+    ),
+]
+
+
+def _local_report(job_id: int, database_url: str | None) -> tuple[Report, dict[int, list[float]]]:
+    from sqlmodel import Session
+
+    from runners.errors import LeakbisectError
+    from service import store
+    from service.cli.db import shown
+    from service.cli.errors import fail_with
+    from service.cli.run import curves_for
+    from service.db import get_engine
+    from service.report import build_report
+    from service.settings import get_settings
+
+    url = database_url or get_settings().effective_database_url
+    try:
+        with Session(get_engine(url)) as session:
+            found = store.job(session, job_id)
+            report = build_report(
+                found, store.candidates_of(session, found), store.trials_of(session, found)
+            )
+            return report, curves_for(session, report)
+    except LeakbisectError as exc:
+        fail_with(exc)
+    except Exception as exc:  # noqa: BLE001 - a driver error is one line for the user
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        fail(f"--database-url: cannot read {shown(url)}: {first}")
+
+
+def report(
+    job: JobId,
+    markdown: Markdown = False,
+    local: Local = False,
+    database_url: DatabaseUrl = None,
+    server: Server = DEFAULT_SERVER,
+    token: Token = None,
+    json_: Json = False,
+) -> None:
+    """Print a job's report: the text report, --json, or --markdown to paste upstream.
+
+    Exit status: 0 printed, 2 no such job or a refused request, 1 server unreachable.
+    """
+    if markdown and json_:
+        fail("--markdown: choose --markdown or --json, not both")
+    if local:
+        result, curves = _local_report(job, database_url)
+        if markdown:
+            typer.echo(markdown_report(result), nl=False)
+        elif json_:
+            _echo_json(result.wire())
+        else:
+            render_report(Console(), result, curves)
+        return
+    with make_client(server, token) as client, api_errors():
+        if markdown:
+            typer.echo(client.request("GET", f"/jobs/{job}/report.md").text, nl=False)
+            return
+        data = client.get_job(job)
+    if json_:
+        _echo_json(data)
+    else:
+        render_report(Console(), Report.model_validate(data), {})

@@ -255,7 +255,9 @@ def _announce(base: str, url: str, runners: int, workers: int, auth: bool, json_
             )
         )
     else:
-        typer.echo(f"listening on {base} (API {base}{API_PREFIX}, docs {base}/docs)")
+        typer.echo(
+            f"listening on {base} (status page {base}/, API {base}{API_PREFIX}, docs {base}/docs)"
+        )
     stderr_log(
         f"database {shown(url)}; {runners} embedded runner(s)"
         + (f"; {workers} API worker processes" if workers > 1 else "")
