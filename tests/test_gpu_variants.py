@@ -100,7 +100,9 @@ def test_pinned_leak_is_a_host_leak_in_shared_memory(fake: FakeCuda, trial_dir: 
     assert run.ex.exit_code == 0
     assert run.r.verdict is Verdict.LEAK
     assert run.r.host.verdict is Verdict.LEAK
-    assert run.r.reason.startswith("host leak: floor rises 8")
+    assert run.r.reason.startswith("host leak: floor rises ")
+    # 8 MiB pinned per step; which sample a step marker lands on wobbles under load.
+    assert run.r.host.slope is not None and 7.0 < run.r.host.slope < 9.0
     # Device memory flat at the context's, while shared host memory grew by the pinned pages.
     assert run.r.gpu is not None and run.r.gpu.verdict is Verdict.CLEAN
     assert set(run.gpu_values()) == {CONTEXT}
