@@ -270,3 +270,55 @@ def test_jobs_out_of_range_is_one_line(reachable_tmp: Path, uv_cache: Path) -> N
     proc = cli(["run", "--example", "--jobs", "65"], reachable_tmp, uv_cache, timeout=60)
     assert proc.returncode == 2
     assert proc.stderr == "error: --jobs: 65 is out of range; allowed are 1 to 64\n"
+
+
+# Local inspection: status, list, logs and report read `run`'s database with no server.
+
+
+def local(args: list[str], db: Path) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if k != "BISECT_SERVER"}
+    return subprocess.run(
+        CLI + [*args, "--database-url", f"sqlite:///{db}"],
+        capture_output=True, text=True, env=env, timeout=120,
+    )  # fmt: skip
+
+
+def test_status_and_report_read_the_local_database(bisection) -> None:
+    proc, db = bisection
+    ran = json.loads(proc.stdout)
+    shown = json.loads(local(["status", str(ran["job_id"]), "--json"], db).stdout)
+    progress = shown.pop("progress")
+    assert progress["trials_done"] == ran["trials"] and progress["trials_running"] == 0
+    assert {k: v for k, v in shown.items() if k not in ("created_at", "finished_at")} == ran
+    reported = json.loads(local(["report", str(ran["job_id"]), "--json"], db).stdout)
+    assert {k: v for k, v in reported.items() if k in ran} == ran
+    markdown = local(["report", str(ran["job_id"]), "--markdown"], db)
+    assert markdown.returncode == 0
+    assert "**first bad 1.0.6, last good 1.0.5, confirmed twice**" in markdown.stdout
+
+
+def test_list_and_logs_read_the_local_database(bisection) -> None:
+    proc, db = bisection
+    job_id = json.loads(proc.stdout)["job_id"]
+    page = json.loads(local(["list", "--json"], db).stdout)
+    assert [(j["id"], j["status"], j["url"]) for j in page["items"]][-1] == (job_id, "found", None)
+    con = sqlite3.connect(db)
+    trial, version = con.execute(
+        "SELECT trial.id, candidate.version FROM trial JOIN candidate ON candidate.id = "
+        "trial.candidate_id WHERE trial.job_id = ? AND trial.kind = 'run' ORDER BY trial.id",
+        (job_id,),
+    ).fetchone()
+    logs = local(["logs", str(trial)], db)
+    assert logs.returncode == 0
+    assert logs.stderr.startswith(f"trial {trial} (job {job_id}, {version}): done, clean; ")
+
+
+def test_local_reads_say_what_is_missing(bisection) -> None:
+    _, db = bisection
+    missing = local(["status", "999999"], db)
+    assert (missing.returncode, missing.stderr) == (2, "error: job 999999 not found\n")
+    both = local(["status", "1", "--server", "http://127.0.0.1:9"], db)
+    assert both.returncode == 2
+    assert both.stderr == (
+        "error: --database-url: reads a local database; drop it or --server/BISECT_SERVER\n"
+    )

@@ -17,7 +17,7 @@ class JobCreated(BaseModel):
 
 class JobSummary(BaseModel):
     id: int
-    url: str
+    url: str | None  # None: read from a local results database (no server to link to)
     status: str
     message: str | None
     package: str

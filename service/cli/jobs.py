@@ -1,9 +1,10 @@
-"""`bisect-cli status | list | cancel | logs | report`: read and steer jobs on a server
-(`report --local`: a `bisect-cli run` result in the local database).
+"""`bisect-cli status | list | cancel | logs | report`: read and steer jobs.
 
-Each prints a short human form, or with --json the server's JSON unchanged.
-Exit status: 0 when the server answered, 2 for a refused request (HTTP 4xx:
-no such job, finished already, bad token), 1 when the server is unreachable.
+`status`, `list`, `logs` and `report` read a server when one is named (`--server` or
+`BISECT_SERVER`), else the local results database that `bisect-cli run` writes
+(service/cli/source.py); `cancel` always asks a server. Each prints a short human form, or
+with --json the API's JSON. Exit status: 0 answered, 2 a refused request or no such job
+(HTTP 4xx), 1 a server that cannot be reached or a database that cannot be read.
 """
 
 import json
@@ -18,10 +19,20 @@ from service.cli.display import render_report
 from service.cli.errors import fail
 from service.cli.options import DatabaseUrl, Json
 from service.cli.remote import DEFAULT_SERVER, Server, Token, api_errors, make_client
-from service.markdown import markdown_report
+from service.cli.source import LocalSource, Source, open_source
 from service.report import Report
+from service.settings import get_settings
 from service.text import printable
 
+ReadServer = Annotated[
+    str | None,
+    typer.Option(
+        "--server",
+        help="Read from this leakbisect server (env BISECT_SERVER); without either, the "
+        "local results database that `bisect-cli run` writes (--database-url).",
+        show_default=False,
+    ),
+]
 JobId = Annotated[int, typer.Argument(help="The job's id (from submit or list).", min=1)]
 TrialId = Annotated[int, typer.Argument(help="The trial's id (from status --json).", min=1)]
 
@@ -41,13 +52,14 @@ def _progress_line(report: dict[str, Any]) -> str:
 
 def status(
     job: JobId,
-    server: Server = DEFAULT_SERVER,
+    server: ReadServer = None,
     token: Token = None,
+    database_url: DatabaseUrl = None,
     json_: Json = False,
 ) -> None:
     """Show a job: status, progress, candidates with verdicts and, once found, the result."""
-    with make_client(server, token) as client, api_errors():
-        report = client.get_job(job)
+    with open_source(server, token, database_url) as source:
+        report = source.get_job(job)
     if json_:
         _echo_json(report)
         return
@@ -78,13 +90,14 @@ def list_jobs(
     ),
     limit: Annotated[int, typer.Option("--limit", min=1, max=500, help="Jobs per page.")] = 50,
     offset: Annotated[int, typer.Option("--offset", min=0, help="Jobs to skip.")] = 0,
-    server: Server = DEFAULT_SERVER,
+    server: ReadServer = None,
     token: Token = None,
+    database_url: DatabaseUrl = None,
     json_: Json = False,
 ) -> None:
     """List jobs, newest first."""
-    with make_client(server, token) as client, api_errors():
-        page = client.list_jobs(status=status_, package=package, limit=limit, offset=offset)
+    with open_source(server, token, database_url) as source:
+        page = source.list_jobs(status=status_, package=package, limit=limit, offset=offset)
     if json_:
         _echo_json(page)
         return
@@ -120,13 +133,14 @@ def cancel(
 
 def logs(
     trial: TrialId,
-    server: Server = DEFAULT_SERVER,
+    server: ReadServer = None,
     token: Token = None,
+    database_url: DatabaseUrl = None,
     json_: Json = False,
 ) -> None:
     """Print a trial's log tail (the end of the script's output) after a summary line."""
-    with make_client(server, token) as client, api_errors():
-        info = client.get_trial(trial)
+    with open_source(server, token, database_url) as source:
+        info = source.get_trial(trial)
     if json_:
         _echo_json(info)
         return
@@ -162,37 +176,9 @@ Local = Annotated[
     bool,
     typer.Option(
         "--local",
-        help="Read a `bisect-cli run` result from the results database (--database-url) "
-        "instead of asking a server.",
+        help="Read the local results database (--database-url) even when BISECT_SERVER is set.",
     ),
 ]
-
-
-def _local_report(job_id: int, database_url: str | None) -> tuple[Report, dict[int, list[float]]]:
-    from sqlmodel import Session
-
-    from runners.errors import LeakbisectError
-    from service import store
-    from service.cli.db import shown
-    from service.cli.errors import fail_with
-    from service.cli.run import curves_for
-    from service.db import get_engine
-    from service.report import build_report
-    from service.settings import get_settings
-
-    url = database_url or get_settings().effective_database_url
-    try:
-        with Session(get_engine(url)) as session:
-            found = store.job(session, job_id)
-            report = build_report(
-                found, store.candidates_of(session, found), store.trials_of(session, found)
-            )
-            return report, curves_for(session, report)
-    except LeakbisectError as exc:
-        fail_with(exc)
-    except Exception as exc:  # noqa: BLE001 - a driver error is one line for the user
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        fail(f"--database-url: cannot read {shown(url)}: {first}")
 
 
 def report(
@@ -200,7 +186,7 @@ def report(
     markdown: Markdown = False,
     local: Local = False,
     database_url: DatabaseUrl = None,
-    server: Server = DEFAULT_SERVER,
+    server: ReadServer = None,
     token: Token = None,
     json_: Json = False,
 ) -> None:
@@ -210,21 +196,29 @@ def report(
     """
     if markdown and json_:
         fail("--markdown: choose --markdown or --json, not both")
+    if local and server:
+        fail("--local: reads the local database; drop it or --server")
     if local:
-        result, curves = _local_report(job, database_url)
+        source_cm = LocalSource.open(database_url or get_settings().effective_database_url)
+    else:
+        source_cm = open_source(server, token, database_url)
+    with source_cm as source:
         if markdown:
-            typer.echo(markdown_report(result), nl=False)
-        elif json_:
-            _echo_json(result.wire())
-        else:
-            render_report(Console(), result, curves)
-        return
-    with make_client(server, token) as client, api_errors():
-        if markdown:
-            typer.echo(client.request("GET", f"/jobs/{job}/report.md").text, nl=False)
+            typer.echo(source.markdown(job), nl=False)
             return
-        data = client.get_job(job)
+        data = source.get_job(job)
+        curves = curves_of(source, data)
     if json_:
         _echo_json(data)
     else:
-        render_report(Console(), Report.model_validate(data), {})
+        render_report(Console(), Report.model_validate(data), curves)
+
+
+def curves_of(source: Source, data: dict[str, Any]) -> dict[int, list[float]]:
+    """The evidence runs' memory curves for the text report (read locally only: a server's
+    are a request per run away, and the page draws them better)."""
+    if not isinstance(source, LocalSource):
+        return {}
+    from service.cli.run import curves_for
+
+    return curves_for(source.session, Report.model_validate(data))

@@ -151,24 +151,26 @@ def list_jobs(
     jobs, total = store.jobs_page(
         session, status=status_, package=package, owner=owner, limit=limit, offset=offset
     )
-    items = [
-        JobSummary(
-            id=job.id,  # type: ignore[arg-type]
-            url=job_url(request, settings, job.id),  # type: ignore[arg-type]
-            status=job.status,
-            message=job.message,
-            package=job.package,
-            range=f"{job.good}..{job.bad}",
-            find_fix=job.find_fix,
-            requires_gpu=job.requires_gpu,
-            created_at=job.created_at,
-            finished_at=job.finished_at,
-            result=job.result,
-            owner=job.owner,
-        )
-        for job in jobs
-    ]
+    items = [job_summary(job, job_url(request, settings, job.id)) for job in jobs]  # type: ignore[arg-type]
     return JobPage(items=items, total=total, limit=limit, offset=offset)
+
+
+def job_summary(job: Job, url: str | None) -> JobSummary:
+    """A job as the list shows it (also `bisect-cli list` on the local database)."""
+    return JobSummary(
+        id=job.id,  # type: ignore[arg-type]
+        url=url,
+        status=job.status,
+        message=job.message,
+        package=job.package,
+        range=f"{job.good}..{job.bad}",
+        find_fix=job.find_fix,
+        requires_gpu=job.requires_gpu,
+        created_at=job.created_at,
+        finished_at=job.finished_at,
+        result=job.result,
+        owner=job.owner,
+    )
 
 
 @router.get("/{job_id}", response_model=JobPublic, responses={404: {"description": "no such job"}})

@@ -31,14 +31,14 @@ def readable_trial(session: Session, trial_id: int, caller: Caller) -> Trial:
 @router.get("/{trial_id}", response_model=TrialPublic, responses={404: {"description": "none"}})
 def get_trial_public(trial_id: int, session: SessionDep, caller: ReaderDep) -> TrialPublic:
     """One run of the script: who ran it, when, how it ended, its log tail and analysis."""
-    trial = readable_trial(session, trial_id, caller)
+    return trial_public(session, readable_trial(session, trial_id, caller))
+
+
+def trial_public(session: Session, trial: Trial) -> TrialPublic:
+    """A trial as clients read it (also `bisect-cli logs` on the local database)."""
     candidate = session.get(Candidate, trial.candidate_id)
-    assert candidate is not None
-    return TrialPublic(
-        **trial.model_dump(exclude={"id"}),
-        id=trial_id,
-        version=candidate.version,
-    )
+    assert candidate is not None and trial.id is not None
+    return TrialPublic(**trial.model_dump(exclude={"id"}), id=trial.id, version=candidate.version)
 
 
 @router.get(

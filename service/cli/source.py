@@ -1,0 +1,125 @@
+"""Where `status`, `list`, `logs` and `report` read jobs: a server, or the local database.
+
+A command asks a server when `--server` is given or `BISECT_SERVER` is set; otherwise it
+reads the results database that `bisect-cli run` writes (`--database-url`, else
+`BISECT_DATABASE_URL`, else the per-user SQLite file). Both sources answer in the API's
+JSON shapes, built by the same functions, so every command prints one way whichever it is.
+"""
+
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any, Protocol
+
+from sqlalchemy.exc import SQLAlchemyError
+from sqlmodel import Session
+
+from runners.errors import LeakbisectError
+from service import store
+from service.cli.db import shown
+from service.cli.errors import fail, fail_with
+from service.cli.remote import DEFAULT_SERVER, api_errors, make_client
+from service.settings import get_settings
+
+
+class Source(Protocol):
+    def get_job(self, job_id: int) -> dict[str, Any]: ...
+    def list_jobs(
+        self, *, status: str | None, package: str | None, limit: int, offset: int
+    ) -> dict[str, Any]: ...
+    def get_trial(self, trial_id: int) -> dict[str, Any]: ...
+    def markdown(self, job_id: int) -> str: ...
+
+
+def is_remote(server: str | None) -> bool:
+    """True when the user named a server (flag or BISECT_SERVER)."""
+    return bool(server) or bool(os.environ.get("BISECT_SERVER", "").strip())
+
+
+@contextmanager
+def open_source(
+    server: str | None, token: str | None, database_url: str | None
+) -> Iterator[Source]:
+    """The source the flags and environment name, its errors as one line and a status."""
+    if is_remote(server):
+        if database_url:
+            fail("--database-url: reads a local database; drop it or --server/BISECT_SERVER")
+        url = server or os.environ.get("BISECT_SERVER", "").strip() or DEFAULT_SERVER
+        with make_client(url, token) as client, api_errors():
+            yield RemoteSource(client)
+        return
+    url = database_url or get_settings().effective_database_url
+    with LocalSource.open(url) as source:
+        yield source
+
+
+class RemoteSource:
+    def __init__(self, client: Any) -> None:
+        self.client = client
+
+    def get_job(self, job_id: int) -> dict[str, Any]:
+        return self.client.get_job(job_id)
+
+    def list_jobs(
+        self, *, status: str | None, package: str | None, limit: int, offset: int
+    ) -> dict[str, Any]:
+        return self.client.list_jobs(status=status, package=package, limit=limit, offset=offset)
+
+    def get_trial(self, trial_id: int) -> dict[str, Any]:
+        return self.client.get_trial(trial_id)
+
+    def markdown(self, job_id: int) -> str:
+        return self.client.request("GET", f"/jobs/{job_id}/report.md").text
+
+
+class LocalSource:
+    """The results database, read with the API's own builders (no server, no tokens)."""
+
+    def __init__(self, session: Session, url: str) -> None:
+        self.session, self.url = session, url
+
+    @classmethod
+    @contextmanager
+    def open(cls, url: str) -> Iterator["LocalSource"]:
+        from service.db import get_engine
+
+        try:
+            with Session(get_engine(url)) as session:
+                yield cls(session, url)
+        except LeakbisectError as exc:  # no such job or trial: exit 2 with its message
+            fail_with(exc)
+        except (SQLAlchemyError, OSError) as exc:  # a driver error is one line for the user
+            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            fail(f"--database-url: cannot read {shown(url)}: {first}")
+
+    def get_job(self, job_id: int) -> dict[str, Any]:
+        from service.api.routes.jobs import job_public
+
+        return job_public(self.session, store.job(self.session, job_id)).wire()
+
+    def list_jobs(
+        self, *, status: str | None, package: str | None, limit: int, offset: int
+    ) -> dict[str, Any]:
+        from service.api.routes.jobs import job_summary
+
+        jobs, total = store.jobs_page(
+            self.session, status=status, package=package, owner=None, limit=limit, offset=offset
+        )
+        items = [job_summary(job, None).model_dump(mode="json") for job in jobs]
+        return {"items": items, "total": total, "limit": limit, "offset": offset}
+
+    def get_trial(self, trial_id: int) -> dict[str, Any]:
+        from service.api.routes.trials import trial_public
+
+        trial = trial_public(self.session, store.trial(self.session, trial_id))
+        return trial.model_dump(mode="json")
+
+    def markdown(self, job_id: int) -> str:
+        from service.markdown import markdown_report
+        from service.report import build_report
+
+        job = store.job(self.session, job_id)
+        report = build_report(
+            job, store.candidates_of(self.session, job), store.trials_of(self.session, job)
+        )
+        return markdown_report(report)
