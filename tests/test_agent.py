@@ -13,7 +13,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -30,21 +30,12 @@ from service.api.app import create_app
 from service.cli import app
 from service.cli.serve import bind
 from service.settings import Settings
+from tests.waiting import wait_until
 
 SLEEPER = "import time\nprint('sleeping', flush=True)\ntime.sleep(60)\n"
 REPRO_PATH = Path(__file__).resolve().parents[1] / "service" / "example" / "repro.py"
 REPRO = REPRO_PATH.read_text()
 CAPS = RunnerCapabilities(cpus=1, pythons=["3"], platform="test")
-
-
-def wait_until(check: Callable[[], Any], timeout: float, what: str) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = check()
-        if value:
-            return value
-        time.sleep(0.05)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
 
 
 @pytest.fixture(scope="module")

@@ -14,7 +14,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
@@ -26,21 +26,12 @@ from typer.testing import CliRunner
 from runners.client import ApiClient, ApiError
 from service.cli import app
 from service.settings import get_settings
+from tests.waiting import wait_until
 
 REPO = Path(__file__).resolve().parents[1]
 REPRO = REPO / "service" / "example" / "repro.py"
 CLI = [sys.executable, "-m", "service.cli"]
 SLEEPER = "import time\nprint('sleeping', flush=True)\ntime.sleep(60)\n"
-
-
-def wait_until(check: Callable[[], Any], timeout: float, what: str) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = check()
-        if value:
-            return value
-        time.sleep(0.1)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
 
 
 def read_line(stream: IO[str], timeout: float) -> str:

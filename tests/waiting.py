@@ -1,0 +1,19 @@
+"""Waiting for something another thread or process does, in tests (no fixed sleeps)."""
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+
+def wait_until(
+    check: Callable[[], Any], timeout: float, what: str, interval: float = 0.05
+) -> Any:
+    """`check()`'s first true value, polled every `interval` s; fails saying `what` after
+    `timeout` s."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = check()
+        if value:
+            return value
+        time.sleep(interval)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
