@@ -200,6 +200,7 @@ def test_interrupt_cancels_the_job_and_kills_the_trial(
         "XDG_DATA_HOME": str(reachable_tmp / "data"),
         "XDG_CACHE_HOME": str(reachable_tmp / "cache"),
         "UV_CACHE_DIR": str(uv_cache),
+        "PYTHONFAULTHANDLER": "1",  # SIGABRT dumps every thread: where a hang is, if one
     }
     args = run_args("1.0.0..1.0.9", fixture_index, db, script=script)
     proc = subprocess.Popen(CLI + args, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
@@ -209,7 +210,12 @@ def test_interrupt_cancels_the_job_and_kills_the_trial(
     assert pidfile.exists(), "the trial never started"
     child = int(pidfile.read_text())
     proc.send_signal(signal.SIGINT)
-    _, stderr = proc.communicate(timeout=30)
+    try:
+        _, stderr = proc.communicate(timeout=30)
+    except subprocess.TimeoutExpired:
+        proc.send_signal(signal.SIGABRT)
+        _, stderr = proc.communicate(timeout=30)
+        pytest.fail(f"still running 30 s after SIGINT; its threads:\n{stderr.decode()[-8000:]}")
     assert proc.returncode == 130, stderr
     assert stderr.decode().strip().endswith("interrupted: job cancelled")
     con = sqlite3.connect(db)
