@@ -183,9 +183,16 @@ def test_threshold_above_the_leak_fails_the_bad_bound(
     assert [c["verdict"] for c in report["candidates"]] == ["clean", "clean"]
 
 
+def _ignoring_sigint() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+@pytest.mark.parametrize("inherited", ["default", "ignored"])
 def test_interrupt_cancels_the_job_and_kills_the_trial(
-    fixture_index: str, uv_cache: Path, reachable_tmp: Path
+    fixture_index: str, uv_cache: Path, reachable_tmp: Path, inherited: str
 ) -> None:
+    """SIGINT ends the run cancelled, also when it was started with SIGINT ignored (a
+    background job of a non-interactive shell, as CI starts it)."""
     script = reachable_tmp / "slow.py"
     drop = reachable_tmp / "drop"  # where the script (run as the trial user) may write
     drop.mkdir(mode=0o777)
@@ -203,7 +210,10 @@ def test_interrupt_cancels_the_job_and_kills_the_trial(
         "PYTHONFAULTHANDLER": "1",  # SIGABRT dumps every thread: where a hang is, if one
     }
     args = run_args("1.0.0..1.0.9", fixture_index, db, script=script)
-    proc = subprocess.Popen(CLI + args, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    proc = subprocess.Popen(
+        CLI + args, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        preexec_fn=_ignoring_sigint if inherited == "ignored" else None,
+    )  # fmt: skip
     deadline = time.monotonic() + 60
     while not pidfile.exists() and time.monotonic() < deadline:
         time.sleep(0.2)

@@ -1,6 +1,7 @@
 """`bisect-cli run`: bisect locally, with no server."""
 
 import json
+import signal
 import sys
 from contextlib import ExitStack
 from pathlib import Path
@@ -106,6 +107,10 @@ def _executor(settings: Settings, gpu: GpuProbe | None) -> Executor:
 
 
 def _bisect(session: Session, job: Job, executor: Executor, jobs: int) -> None:
+    # Ctrl-C (SIGINT) always ends a local run cancelled, with its trials killed, also when
+    # it was started ignoring SIGINT (a background job of a non-interactive shell, as CI
+    # and nohup start it): Python keeps an inherited SIG_IGN, and nothing would clean up.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     err = Console(stderr=True)
     candidates = store.candidates_of(session, job)
     with ExitStack() as stack:
