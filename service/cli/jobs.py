@@ -21,7 +21,6 @@ from service.cli.options import DatabaseUrl, Json
 from service.cli.remote import DEFAULT_SERVER, Server, Token, api_errors, make_client
 from service.cli.source import LocalSource, Source, open_source
 from service.report import Report
-from service.settings import get_settings
 from service.text import printable
 
 ReadServer = Annotated[
@@ -198,11 +197,7 @@ def report(
         fail("--markdown: choose --markdown or --json, not both")
     if local and server:
         fail("--local: reads the local database; drop it or --server")
-    if local:
-        source_cm = LocalSource.open(database_url or get_settings().effective_database_url)
-    else:
-        source_cm = open_source(server, token, database_url)
-    with source_cm as source:
+    with open_source(server, token, database_url, local=local) as source:
         if markdown:
             typer.echo(source.markdown(job), nl=False)
             return

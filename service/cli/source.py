@@ -38,10 +38,11 @@ def is_remote(server: str | None) -> bool:
 
 @contextmanager
 def open_source(
-    server: str | None, token: str | None, database_url: str | None
+    server: str | None, token: str | None, database_url: str | None, *, local: bool = False
 ) -> Iterator[Source]:
-    """The source the flags and environment name, its errors as one line and a status."""
-    if is_remote(server):
+    """The source the flags and environment name, its errors as one line and a status;
+    `local` reads the local database even when BISECT_SERVER is set."""
+    if not local and is_remote(server):
         if database_url:
             fail("--database-url: reads a local database; drop it or --server/BISECT_SERVER")
         url = server or os.environ.get("BISECT_SERVER", "").strip() or DEFAULT_SERVER
