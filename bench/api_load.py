@@ -80,7 +80,7 @@ from service.models import (  # noqa: E402
     utcnow,
 )
 from service.scheduler import advance, slots_for  # noqa: E402
-from service.store import candidates_of, trials_of  # noqa: E402
+from service.store import candidates_of, next_trial_number, trials_of  # noqa: E402
 from service.trials import record_report  # noqa: E402
 
 ADMIN_URL = os.environ.get(
@@ -137,11 +137,12 @@ def new_job(session: Session, good: str, bad: str, repeats: int) -> Job:
     return job
 
 
-def parked(job: Job, candidate: Candidate) -> Trial:
+def parked(job: Job, candidate: Candidate, number: int) -> Trial:
     """A trial leased for a day to a runner that never reports: the evaluation stays open."""
     now = utcnow()
     return Trial(
         job_id=job.id,  # type: ignore[arg-type]
+        number=number,
         candidate_id=candidate.id,  # type: ignore[arg-type]
         status=TrialStatus.LEASED,
         attempt=1,
@@ -162,7 +163,8 @@ def seed_watched(session: Session, samples: int) -> int:
         candidate = Candidate(job_id=job.id, position=position, version=version)  # type: ignore[arg-type]
         session.add(candidate)
         session.flush()
-        trials = [parked(job, candidate) for _ in range(WATCHED_REPEATS)]
+        first = position * WATCHED_REPEATS + 1
+        trials = [parked(job, candidate, first + k) for k in range(WATCHED_REPEATS)]
         session.add_all(trials)
         session.commit()
         judged = position < 8 or position > 21
@@ -192,11 +194,13 @@ def seed_hot(session: Session, trials: int, per_candidate: int) -> list[int]:
         ]
         session.add_all(candidates)
         session.flush()
-        session.add_all(parked(job, c) for c in candidates)
+        session.add_all(parked(job, c, k + 1) for k, c in enumerate(candidates))
         left = min(per_job, trials - n * per_job)
         for i in range(left):
             candidate = candidates[i % HOT_CANDIDATES]
-            rows.append(Trial(job_id=job.id, candidate_id=candidate.id).model_dump(exclude={"id"}))  # type: ignore[arg-type]
+            number = HOT_CANDIDATES + i + 1
+            queued = Trial(job_id=job.id, candidate_id=candidate.id, number=number)  # type: ignore[arg-type]
+            rows.append(queued.model_dump(exclude={"id"}))
     session.commit()
     session.exec(insert(Trial), params=rows)
     session.commit()
@@ -555,9 +559,10 @@ def breakdown(url: str, args: argparse.Namespace, seeded: dict[str, Any]) -> dic
         job = session.get(Job, seeded["hot_jobs"][-1])
         assert job is not None
         candidates = candidates_of(session, job)
+        first = next_trial_number(session, job.id)  # type: ignore[arg-type]
         rows = [
-            Trial(job_id=job.id, candidate_id=c.id).model_dump(exclude={"id"})  # type: ignore[arg-type]
-            for c in (candidates[i % len(candidates)] for i in range(n))
+            Trial(job_id=job.id, candidate_id=c.id, number=first + i).model_dump(exclude={"id"})  # type: ignore[arg-type]
+            for i, c in enumerate(candidates[i % len(candidates)] for i in range(n))
         ]
         session.exec(insert(Trial), params=rows)
         me = Runner(id="bench-inprocess", name="bench-inprocess")

@@ -42,7 +42,7 @@ def seed(url: str, trials: int) -> None:
         session.add(candidate)
         session.flush()
         queued = Trial(job_id=job.id, candidate_id=candidate.id).model_dump(exclude={"id"})
-        rows = [queued | {"evaluation": n} for n in range(1, trials + 1)]
+        rows = [queued | {"evaluation": n, "number": n} for n in range(1, trials + 1)]
         session.exec(insert(Trial), params=rows)
         session.commit()
     engine.dispose()

@@ -43,6 +43,7 @@ from bench.common import machine  # noqa: E402
 from service.analysis import classify_run  # noqa: E402
 from service.db import get_engine, upgrade  # noqa: E402
 from service.models import Candidate, Job, MemorySample, Trial, TrialStatus, utcnow  # noqa: E402
+from service.store import next_trial_number  # noqa: E402
 from service.web.views import MAX_POINTS  # noqa: E402
 
 MIB = 1024 * 1024
@@ -72,6 +73,7 @@ def add_trial(session: Session, job: Job, cand: Candidate, n: int, seed: int, le
     now = utcnow()
     trial = Trial(
         job_id=job.id,
+        number=next_trial_number(session, job.id),  # type: ignore[arg-type]
         candidate_id=cand.id,
         status=TrialStatus.DONE,
         attempt=1,

@@ -267,6 +267,9 @@ class ApiClient:
     def get_trial(self, trial_id: int) -> dict[str, Any]:
         return self._json("GET", f"/trials/{trial_id}")
 
+    def get_job_trial(self, job_id: int, number: int) -> dict[str, Any]:
+        return self._json("GET", f"/jobs/{job_id}/trials/{number}")
+
     def get_samples(
         self,
         trial_id: int,

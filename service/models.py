@@ -10,7 +10,7 @@ from datetime import UTC, datetime
 from enum import StrEnum
 from typing import Any
 
-from sqlalchemy import JSON, BigInteger, Column, Index, Text
+from sqlalchemy import JSON, BigInteger, Column, Index, Text, UniqueConstraint
 from sqlmodel import Field, SQLModel
 
 from service.options import JobOptions
@@ -124,10 +124,16 @@ class Candidate(SQLModel, table=True):
 
 
 class Trial(SQLModel, table=True):
-    __table_args__ = (Index("ix_trial_status_id", "status", "id"),)
+    __table_args__ = (
+        Index("ix_trial_status_id", "status", "id"),
+        # Users count a job's trials 1, 2, ...; the global id is for the API's paths only.
+        UniqueConstraint("job_id", "number", name="uq_trial_job_number"),
+    )
 
     id: int | None = Field(default=None, primary_key=True)
     job_id: int = Field(foreign_key="job.id", index=True)
+    # The trial's number within its job (store.new_trial), the one shown to users.
+    number: int = 0
     candidate_id: int = Field(foreign_key="candidate.id", index=True)
     evaluation: int = 1
     kind: str = TrialKind.RUN

@@ -28,6 +28,7 @@ from typing import Any
 from sqlmodel import Session, col, select
 
 from runners.wire import TrialReport
+from service import store
 from service.models import Candidate, Job, PinState, Trial, TrialKind, TrialStatus
 from service.specs import env_spec
 
@@ -54,7 +55,9 @@ def pending(session: Session, job: Job, trials: list[Trial]) -> bool:
         session.add(job)
         return False
     good = session.exec(_good_bound(job)).one()
-    session.add(Trial(job_id=job.id, candidate_id=good.id, kind=TrialKind.RESOLVE))
+    assert job.id is not None
+    number = store.next_trial_number(session, job.id)
+    session.add(Trial(job_id=job.id, candidate_id=good.id, kind=TrialKind.RESOLVE, number=number))
     return True
 
 

@@ -47,7 +47,8 @@ class CandidateRow(BaseModel):
 
 
 class RunEvidence(BaseModel):
-    trial: int
+    trial: int  # the trial's number in its job (1, 2, ...), as users count them
+    trial_id: int  # its id in the API's paths (/api/v1/trials/{trial_id}/samples)
     verdict: str | None
     exit_code: int | None
     oom_killed: bool
@@ -130,7 +131,8 @@ class Report(BaseModel):
 
 
 class RunningTrial(BaseModel):
-    trial: int
+    trial: int  # its number in the job
+    trial_id: int
     version: str
     runner: str | None
     attempt: int
@@ -209,7 +211,8 @@ def evidence(candidate: Candidate, trials: list[Trial]) -> Evidence:
         verdict=candidate.verdict,
         runs=[
             RunEvidence(
-                trial=t.id,  # type: ignore[arg-type]
+                trial=t.number,
+                trial_id=t.id,  # type: ignore[arg-type]
                 verdict=t.verdict,
                 exit_code=t.exit_code,
                 oom_killed=t.oom_killed,

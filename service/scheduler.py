@@ -24,7 +24,7 @@ from service import pins, queue, reuse
 from service.analysis import aggregate, needs_more_runs
 from service.models import Candidate, Job, JobStatus, Trial, TrialKind, TrialStatus, utcnow
 from service.planner import Outcome, Plan, ReleaseState, plan
-from service.store import candidates_of, trials_of
+from service.store import candidates_of, next_trial_number, trials_of
 from service.verdicts import Verdict
 
 # Marks the lines of job.message that `advance` owns (reuse notes).
@@ -42,8 +42,12 @@ def slots_for(session: Session, job: Job, *, within_s: float = 60) -> int:
 
 
 def _queue(session: Session, job: Job, candidate: Candidate, evaluation: int, count: int) -> None:
+    assert job.id is not None
     for _ in range(count):
-        session.add(Trial(job_id=job.id, candidate_id=candidate.id, evaluation=evaluation))
+        number = next_trial_number(session, job.id)
+        session.add(
+            Trial(job_id=job.id, candidate_id=candidate.id, evaluation=evaluation, number=number)
+        )
 
 
 def _close_or_extend(session: Session, job: Job, candidate: Candidate, trials: list[Trial]) -> bool:

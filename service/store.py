@@ -52,6 +52,24 @@ def trials_of(session: Session, job: Job) -> list[Trial]:
     return list(session.exec(query.execution_options(populate_existing=True)))
 
 
+def next_trial_number(session: Session, job_id: int) -> int:
+    """The number the job's next trial gets: 1 + the highest so far (the caller holds
+    `queue.job_lock`, as every advance does, so two trials never get the same one; the
+    unique constraint on (job_id, number) would refuse it if they did)."""
+    query = select(func.max(Trial.number)).where(Trial.job_id == job_id)
+    return (session.exec(query).one() or 0) + 1
+
+
+def trial_by_number(session: Session, job_id: int, number: int) -> Trial:
+    found = None
+    if 0 < number <= MAX_ID:
+        query = select(Trial).where(Trial.job_id == job_id, Trial.number == number)
+        found = session.exec(query).first()
+    if found is None:
+        raise TrialNotFound(f"job {job_id} has no trial {number}")
+    return found
+
+
 def samples_of(session: Session, trial_ids: list[int]) -> dict[int, list[MemorySample]]:
     """Each trial's samples in time order (ties by insertion)."""
     out: dict[int, list[MemorySample]] = {i: [] for i in trial_ids}

@@ -448,7 +448,8 @@ def test_logs_strip_terminal_control_sequences(
             runner.complete(spec.trial_id, report)
             if spec.kind == "run":
                 break
-    result = CliRunner().invoke(app, ["logs", str(spec.trial_id), "--server", server])
+    number = client.get_trial(spec.trial_id)["number"]
+    result = CliRunner().invoke(app, ["logs", str(job_id), str(number), "--server", server])
     assert result.exit_code == 0, result.stderr
     assert result.stdout == "hello red world\ndone\n"
     assert "\x1b" not in result.stderr and "\x07" not in result.stderr

@@ -447,9 +447,11 @@ def test_stale_lease_is_refused_and_the_reaper_requeues(
         ack = heartbeat(client, held, old)
         assert ack.status_code == 200 and ack.json()["lease_expires_at"]
         running = client.get(f"{API}/jobs/{created['id']}").json()["progress"]["running"]
+        # Trial 2 of the job (the resolve trial was 1); trial_id is the id in the API's paths.
         assert running == [
-            {"trial": trial_id, "version": "1.0.0", "runner": old, "attempt": 1, "rss": 123}
-        ]
+            {"trial": 2, "trial_id": trial_id, "version": "1.0.0", "runner": old, "attempt": 1,
+             "rss": 123}
+        ]  # fmt: skip
 
         time.sleep(0.45)  # no heartbeat: the lease expires
         assert reap(client) == [trial_id]

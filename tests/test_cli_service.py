@@ -232,15 +232,20 @@ def test_status_list_logs(service: Service, bisection: tuple) -> None:
     table = service.invoke("list")
     assert table.exit_code == 0 and "leakyfixture" in table.stdout
 
-    trial = report["evidence"][1]["runs"][0]["trial"]
-    logs = service.invoke("logs", str(trial), "--json")
+    run = report["evidence"][1]["runs"][0]
+    trial = run["trial"]  # its number in the job; the API's id is run["trial_id"]
+    logs = service.invoke("logs", str(job), str(trial), "--json")
     assert logs.exit_code == 0, logs.stderr
     info = json.loads(logs.stdout)
-    assert info["id"] == trial and info["version"] == "1.0.6" and info["verdict"] == "leak"
+    assert (info["number"], info["id"]) == (trial, run["trial_id"])
+    assert info["version"] == "1.0.6" and info["verdict"] == "leak"
     assert isinstance(info["log_tail"], str)
-    plain = service.invoke("logs", str(trial))
+    plain = service.invoke("logs", str(job), str(trial))
     assert plain.exit_code == 0
-    assert plain.stderr.startswith(f"trial {trial} (job {job}, 1.0.6): done, leak; attempt 1")
+    assert plain.stderr.startswith(f"trial {trial} of job {job} (1.0.6): done, leak; attempt 1")
+    missing = service.invoke("logs", str(job), "999")
+    assert missing.exit_code == 2
+    assert missing.stderr == f"error: HTTP 404: job {job} has no trial 999\n"
 
 
 def test_submit_prints_url_and_cancel_kills_the_trial(

@@ -72,7 +72,7 @@ def seed(session: Session, trials: int = 3, **job_fields: object) -> list[int]:
         candidate = Candidate(job_id=job.id, position=position, version=f"1.{position}")
         session.add(candidate)
         session.flush()
-        trial = Trial(job_id=job.id, candidate_id=candidate.id)
+        trial = Trial(job_id=job.id, candidate_id=candidate.id, number=position + 1)
         session.add(trial)
         session.flush()
         ids.append(trial.id)

@@ -319,14 +319,15 @@ def test_list_and_logs_read_the_local_database(bisection) -> None:
     page = json.loads(local(["list", "--json"], db).stdout)
     assert [(j["id"], j["status"], j["url"]) for j in page["items"]][-1] == (job_id, "found", None)
     con = sqlite3.connect(db)
-    trial, version = con.execute(
-        "SELECT trial.id, candidate.version FROM trial JOIN candidate ON candidate.id = "
+    rows = con.execute(
+        "SELECT trial.number, candidate.version FROM trial JOIN candidate ON candidate.id = "
         "trial.candidate_id WHERE trial.job_id = ? AND trial.kind = 'run' ORDER BY trial.id",
         (job_id,),
-    ).fetchone()
-    logs = local(["logs", str(trial)], db)
+    ).fetchall()
+    trial, version = rows[0]
+    logs = local(["logs", str(job_id), str(trial)], db)
     assert logs.returncode == 0
-    assert logs.stderr.startswith(f"trial {trial} (job {job_id}, {version}): done, clean; ")
+    assert logs.stderr.startswith(f"trial {trial} of job {job_id} ({version}): done, clean; ")
 
 
 def test_local_reads_say_what_is_missing(bisection) -> None:

@@ -249,6 +249,31 @@ def test_concurrent_advances_queue_each_pick_once(engine: Engine, session: Sessi
         thread.join()
     assert errors == []
     assert queued_versions(session, job) == ["1.0.0", "1.0.9"]
+    assert numbers(session, job) == [("1.0.0", 1), ("1.0.9", 2)]
+
+
+def numbers(session: Session, job: Job) -> list[tuple[str, int]]:
+    query = (
+        select(Candidate.version, Trial.number)
+        .join(Trial, col(Trial.candidate_id) == Candidate.id)
+        .where(Trial.job_id == job.id)
+        .order_by(col(Trial.id))
+    )
+    return list(session.exec(query))
+
+
+def test_each_job_numbers_its_own_trials_from_one(session: Session) -> None:
+    first, second = seed(session), seed(session, constraints=[])
+    # Interleaved: the second job's trials get global ids between the first job's.
+    advance(session, first, 1)
+    advance(session, second, 1)
+    judge(session, first)
+    judge(session, second, leaks_from="1.0.3")
+    one, two = numbers(session, first), numbers(session, second)
+    assert [n for _, n in one] == list(range(1, len(one) + 1))
+    assert [n for _, n in two] == list(range(1, len(two) + 1))
+    assert [v for v, _ in one] == ["1.0.0", "1.0.9", "1.0.5", "1.0.7", "1.0.6", "1.0.5", "1.0.6"]
+    assert [v for v, _ in two][:3] == ["1.0.0", "1.0.9", "1.0.5"]
 
 
 def test_cancel_spares_finished_trials(session: Session) -> None:

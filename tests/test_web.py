@@ -275,7 +275,8 @@ def test_downsampled_curve_keeps_spikes(site: Site) -> None:
     for i in (1234, 99_999, 250_001):
         rows[i]["rss"] = (900 + i % 10) * mib  # spikes of one sample each
     add_samples(site.db_url, trial.id, rows)  # type: ignore[arg-type]
-    curve = site.get(f"/jobs/{job}/trials/{trial.id}/curve.json").json()
+    # The curve's path names the trial by its number in the job, as the page shows it.
+    curve = site.get(f"/jobs/{job}/trials/{trial.number}/curve.json").json()
     assert curve["samples"] == 360_000 and curve["points"] <= MAX_POINTS == 2000
     assert len(curve["t"]) == curve["points"]
     for i in (1234, 99_999, 250_001):
@@ -437,11 +438,11 @@ def test_gpu_series_and_overlay_in_the_curve(site: Site) -> None:
         }
         trial.gpu_source = "nvml-process"
         session.add(trial)
-        trial_id = trial.id
+        trial_id, number = trial.id, trial.number
         session.commit()
     rows = [{"t": i * 0.1, "rss": 50 * mib, "gpu": (100 + i // 10) * mib} for i in range(100)]
     add_samples(site.db_url, trial_id, rows)  # type: ignore[arg-type]
-    curve = site.get(f"/jobs/{job}/trials/{trial_id}/curve.json").json()
+    curve = site.get(f"/jobs/{job}/trials/{number}/curve.json").json()
     assert curve["gpu"][0] == 100.0 and curve["gpu"][-1] == 109.0
     assert curve["gpu_overlay"]["floors"] == [[2.0, 100.0], [8.0, 110.0]]
     assert curve["gpu_overlay"]["slope"] == [[2.0, 100.0], [8.0, 110.0]]

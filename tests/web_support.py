@@ -28,6 +28,7 @@ from service.models import (
     TrialStatus,
     utcnow,
 )
+from service.store import next_trial_number
 from tests.test_cli_service import Service, make_env
 
 REPO = Path(__file__).resolve().parents[1]
@@ -144,6 +145,7 @@ def add_job(
                 session.add(
                     Trial(
                         job_id=job.id,
+                        number=next_trial_number(session, job.id),
                         candidate_id=candidate.id,
                         status=TrialStatus.DONE,
                         attempt=1,
@@ -161,6 +163,7 @@ def add_job(
                 session.add(
                     Trial(
                         job_id=job.id,
+                        number=next_trial_number(session, job.id),
                         candidate_id=candidate.id,
                         status=TrialStatus.LEASED,
                         attempt=1,

@@ -38,8 +38,9 @@ class JobPage(BaseModel):
 
 
 class TrialPublic(BaseModel):
-    id: int
+    id: int  # the id in /trials/{id} paths
     job_id: int
+    number: int  # the trial's number in its job (1, 2, ...), the one users are shown
     candidate_id: int
     version: str
     evaluation: int

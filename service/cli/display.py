@@ -103,7 +103,7 @@ class LiveDisplay:
         self.live.update(self._render())
 
     def trial_started(self, candidate: Candidate, trial: Trial) -> None:
-        label = f"{candidate.version} (evaluation {trial.evaluation}, trial {trial.id})"
+        label = f"{candidate.version} (evaluation {trial.evaluation}, trial {trial.number})"
         self.running[trial.id] = (label, candidate.id)
         self.memory = None
         self.refresh()
@@ -117,7 +117,7 @@ class LiveDisplay:
         self.running.pop(trial.id, None)
         reason = outside((trial.analysis or {}).get("reason", ""))
         self.console.print(
-            f"  {candidate.version:<14} trial {trial.id}: {verdict.value:<12} {reason}"
+            f"  {candidate.version:<14} trial {trial.number}: {verdict.value:<12} {reason}"
         )
         self.refresh()
 
@@ -132,7 +132,7 @@ class LineProgress:
         self.console = console
 
     def trial_started(self, candidate: Candidate, trial: Trial) -> None:
-        self.console.print(f"running {candidate.version} (trial {trial.id})")
+        self.console.print(f"running {candidate.version} (trial {trial.number})")
 
     def sample(self, sample: Sample) -> None:
         pass

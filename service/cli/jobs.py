@@ -33,7 +33,9 @@ ReadServer = Annotated[
     ),
 ]
 JobId = Annotated[int, typer.Argument(help="The job's id (from submit or list).", min=1)]
-TrialId = Annotated[int, typer.Argument(help="The trial's id (from status --json).", min=1)]
+TrialNumber = Annotated[
+    int, typer.Argument(help="The trial's number in the job: 1, 2, ... (as status shows).", min=1)
+]
 
 
 def _echo_json(value: Any) -> None:
@@ -131,7 +133,8 @@ def cancel(
 
 
 def logs(
-    trial: TrialId,
+    job: JobId,
+    trial: TrialNumber,
     server: ReadServer = None,
     token: Token = None,
     database_url: DatabaseUrl = None,
@@ -139,7 +142,7 @@ def logs(
 ) -> None:
     """Print a trial's log tail (the end of the script's output) after a summary line."""
     with open_source(server, token, database_url) as source:
-        info = source.get_trial(trial)
+        info = source.get_trial(job, trial)
     if json_:
         _echo_json(info)
         return
@@ -156,7 +159,7 @@ def logs(
         parts.append("timed out")
     verdict = f", {info['verdict']}" if info.get("verdict") else ""
     typer.echo(
-        f"trial {trial} (job {info['job_id']}, {info['version']}): "
+        f"trial {trial} of job {job} ({info['version']}): "
         f"{info['status']}{verdict}; {', '.join(parts)}",
         err=True,
     )

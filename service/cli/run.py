@@ -68,9 +68,9 @@ def print_report(report: Report, curves: dict[int, list[float]], json_: bool) ->
 
 def curves_for(session: Session, report: Report) -> dict[int, list[float]]:
     """RSS series of the evidence trials, for the report's sparklines."""
-    ids = [run.trial for item in report.evidence for run in item.runs]
-    samples = store.samples_of(session, ids)
-    return {i: [float(s.rss) for s in samples[i]] for i in ids}
+    runs = [run for item in report.evidence for run in item.runs]
+    samples = store.samples_of(session, [run.trial_id for run in runs])
+    return {run.trial: [float(s.rss) for s in samples[run.trial_id]] for run in runs}
 
 
 def _serve_example(stack: ExitStack, settings: Settings, quiet: bool) -> str:

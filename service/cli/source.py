@@ -27,7 +27,7 @@ class Source(Protocol):
     def list_jobs(
         self, *, status: str | None, package: str | None, limit: int, offset: int
     ) -> dict[str, Any]: ...
-    def get_trial(self, trial_id: int) -> dict[str, Any]: ...
+    def get_trial(self, job_id: int, number: int) -> dict[str, Any]: ...
     def markdown(self, job_id: int) -> str: ...
 
 
@@ -66,8 +66,8 @@ class RemoteSource:
     ) -> dict[str, Any]:
         return self.client.list_jobs(status=status, package=package, limit=limit, offset=offset)
 
-    def get_trial(self, trial_id: int) -> dict[str, Any]:
-        return self.client.get_trial(trial_id)
+    def get_trial(self, job_id: int, number: int) -> dict[str, Any]:
+        return self.client.get_job_trial(job_id, number)
 
     def markdown(self, job_id: int) -> str:
         return self.client.request("GET", f"/jobs/{job_id}/report.md").text
@@ -109,10 +109,12 @@ class LocalSource:
         items = [job_summary(job, None).model_dump(mode="json") for job in jobs]
         return {"items": items, "total": total, "limit": limit, "offset": offset}
 
-    def get_trial(self, trial_id: int) -> dict[str, Any]:
+    def get_trial(self, job_id: int, number: int) -> dict[str, Any]:
         from service.api.routes.trials import trial_public
 
-        trial = trial_public(self.session, store.trial(self.session, trial_id))
+        job = store.job(self.session, job_id)
+        assert job.id is not None
+        trial = trial_public(self.session, store.trial_by_number(self.session, job.id, number))
         return trial.model_dump(mode="json")
 
     def markdown(self, job_id: int) -> str:

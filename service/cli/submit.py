@@ -25,7 +25,7 @@ def fetch_curves(client: ApiClient, report: dict[str, Any]) -> dict[int, list[fl
     curves: dict[int, list[float]] = {}
     for item in report.get("evidence") or []:
         for run in item["runs"]:
-            samples = client.get_samples(run["trial"])["samples"]
+            samples = client.get_samples(run["trial_id"])["samples"]
             curves[run["trial"]] = [float(s["rss"]) for s in samples]
     return curves
 

@@ -245,8 +245,8 @@ def job_fragment(request: Request, job_id: int, candidate: str | None = None) ->
     return _job_response(request, job_id, candidate, "_job_live.html")
 
 
-@router.get("/jobs/{job_id}/trials/{trial_id}/curve.json")
-def trial_curve(request: Request, job_id: int, trial_id: int) -> Response:
+@router.get("/jobs/{job_id}/trials/{number}/curve.json")
+def trial_curve(request: Request, job_id: int, number: int) -> Response:
     caller = auth.web_caller(request)
     if caller is None:
         return _unauthorized()
@@ -254,9 +254,7 @@ def trial_curve(request: Request, job_id: int, trial_id: int) -> Response:
     try:
         with Session(engine) as session:
             _job(session, job_id, caller)
-            trial = store.trial(session, trial_id)
-            if trial.job_id != job_id:
-                raise store.TrialNotFound(f"trial {trial_id} not found")
+            trial = store.trial_by_number(session, job_id, number)
         return JSONResponse(views.curve(engine, trial))
     except LeakbisectError as exc:
         return JSONResponse({"detail": exc.detail()}, status_code=http_status(exc))

@@ -318,7 +318,7 @@ def curve(engine: Engine, trial: Trial) -> dict[str, Any]:
     kept = downsample(samples, MAX_POINTS) if len(samples) > MAX_POINTS else samples
     analysis = trial.analysis or {}
     data: dict[str, Any] = {
-        "trial": trial.id,
+        "trial": trial.number,
         "samples": len(samples),
         "points": len(kept),
         "t": [round(s.t, 3) for s in kept],

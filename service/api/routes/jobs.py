@@ -13,7 +13,8 @@ from runners.wire import API_PREFIX, IDEMPOTENCY_HEADER
 from service import store
 from service.api import policy
 from service.api.deps import Caller, ReaderDep, SessionDep, SettingsDep, WriterDep
-from service.api.schemas import JobCreated, JobPage, JobSummary
+from service.api.routes.trials import trial_public
+from service.api.schemas import JobCreated, JobPage, JobSummary, TrialPublic
 from service.jobs import create_job
 from service.models import Job, JobStatus, TrialKind, TrialStatus
 from service.report import JobPublic, Progress, RunningTrial, build_report, with_progress
@@ -51,7 +52,8 @@ def job_public(session: Session, job: Job) -> JobPublic:
         trials_queued=count[TrialStatus.QUEUED],
         running=[
             RunningTrial(
-                trial=t.id,  # type: ignore[arg-type]
+                trial=t.number,
+                trial_id=t.id,  # type: ignore[arg-type]
                 version=version[t.candidate_id],
                 runner=t.runner_id,
                 attempt=t.attempt,
@@ -177,6 +179,19 @@ def job_summary(job: Job, url: str | None) -> JobSummary:
 def get_job_report(job_id: int, session: SessionDep, caller: ReaderDep) -> JobPublic:
     """The job's report (as `bisect-cli run --json` prints it) with its progress."""
     return job_public(session, readable_job(session, job_id, caller))
+
+
+@router.get(
+    "/{job_id}/trials/{number}",
+    response_model=TrialPublic,
+    responses={404: {"description": "no such job, or no such trial in it"}},
+)
+def get_job_trial(job_id: int, number: int, session: SessionDep, caller: ReaderDep) -> TrialPublic:
+    """The job's trial `number` (1, 2, ... in the order they were queued), as
+    GET /trials/{trial_id} gives it; `bisect-cli logs JOB TRIAL` reads this."""
+    job = readable_job(session, job_id, caller)
+    assert job.id is not None
+    return trial_public(session, store.trial_by_number(session, job.id, number))
 
 
 @router.post(
