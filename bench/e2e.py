@@ -73,12 +73,22 @@ def _cli() -> list[str]:
     return [str(exe)] if exe.exists() else [sys.executable, "-m", "service.cli"]
 
 
-def bisect_cli(repro: Path, url: str, work: Path, uv_cache: Path | None) -> dict[str, Any]:
+def bisect_cli(
+    repro: Path,
+    url: str,
+    work: Path,
+    uv_cache: Path | None,
+    *,
+    span: str = "1.0.0..1.0.9",
+    expected: str = EXPECTED,
+    extra: tuple[str, ...] = (),
+) -> dict[str, Any]:
+    """`bisect-cli run` on the fixture index at `url` (a fresh database under `work`)."""
     env = clean_env(BISECT_CACHE_DIR=str(work / "cache"), BISECT_DATA_DIR=str(work / "data"))
     if uv_cache is not None:
         env["UV_CACHE_DIR"] = str(uv_cache)
     cmd = [*_cli(), "run", str(repro), "--package", "leakyfixture",
-           "--range", "1.0.0..1.0.9", "--index-url", url, "--json"]  # fmt: skip
+           "--range", span, "--index-url", url, "--json", *extra]  # fmt: skip
     with stopwatch() as w:
         proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900)
     try:
@@ -93,13 +103,15 @@ def bisect_cli(repro: Path, url: str, work: Path, uv_cache: Path | None) -> dict
         "status": report.get("status"),
         "message": report.get("message"),
         "answer": first_bad,
-        "right": first_bad == EXPECTED,
+        "right": first_bad == expected,
         "runs": report.get("trials"),
         "installs": sum(1 for c in report.get("candidates", []) if c.get("trials")),
     }
 
 
-def naive_loop(repro: Path, url: str, work: Path, versions: list[str]) -> dict[str, Any]:
+def naive_loop(
+    repro: Path, url: str, work: Path, versions: list[str], expected: str = EXPECTED
+) -> dict[str, Any]:
     work.mkdir(parents=True, exist_ok=True)
     script = work / "naive.sh"
     script.write_text(NAIVE_LOOP)
@@ -120,7 +132,7 @@ def naive_loop(repro: Path, url: str, work: Path, versions: list[str]) -> dict[s
     return {
         "wall_s": w["s"],
         "answer": answer,
-        "right": answer == EXPECTED,
+        "right": answer == expected,
         "runs": len(deltas),
         "installs": len(deltas) + len(skipped),
         "deltas_kib": deltas,

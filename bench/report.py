@@ -14,13 +14,14 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-SECTIONS = ("classifier", "bisection", "envs", "sampler", "e2e")
+SECTIONS = ("classifier", "bisection", "envs", "sampler", "e2e", "speed")
 HEADINGS = {
     "classifier": "## 1. Classifier accuracy",
     "bisection": "## 2. Bisection cost",
     "envs": "## 3. Environment build time",
     "sampler": "## 4. Sampler overhead and fidelity",
     "e2e": "## 5. End to end",
+    "speed": "## 6. Speed",
 }
 INTROS = {
     "classifier": (
@@ -54,6 +55,13 @@ INTROS = {
     "e2e": (
         "The whole local bisection of the offline fixture against the loop people write by "
         "hand. The naive loop is this bash script, run as is:"
+    ),
+    "speed": (
+        "The issue's speed target: bisect-cli at least 3x faster end to end than the naive "
+        "venv + pip loop of section 5, measured in the same run, on the bundled fixture and "
+        "on a generated 32-release range (first bad 1.0.21). bisect-cli runs with a warm uv "
+        "cache and a fresh database, with one trial at a time and with two side by side "
+        "(`--jobs 2`); a first cold run fills the cache and is not counted."
     ),
 }
 
@@ -342,12 +350,24 @@ def _e2e_lines(x: dict[str, Any]) -> list[str]:
     return out
 
 
+def _speed_lines(x: dict[str, Any]) -> list[str]:
+    from bench.speed import summary
+
+    parts = [
+        f"{s['range']} `{s['how'].removeprefix('bisect-cli run ')}` {s['speedup']:.1f}x"
+        for s in summary(x["runs"])
+        if s["speedup"] is not None and not s["how"].startswith("naive")
+    ]
+    return ["**Speed** (bisect-cli against the naive loop, warm uv cache): " + "; ".join(parts)]
+
+
 _HEADLINES: dict[str, Callable[[dict[str, Any]], list[str]]] = {
     "classifier": _classifier_lines,
     "bisection": _bisection_lines,
     "envs": _envs_lines,
     "sampler": _sampler_lines,
     "e2e": _e2e_lines,
+    "speed": _speed_lines,
 }
 
 
@@ -408,7 +428,7 @@ def render(results: dict[str, Any], images: dict[str, list[tuple[str, str]]]) ->
         "",
         "```console",
         "uv sync                                      # matplotlib is in the dev group",
-        "uv run python -m bench                       # all five, writes docs/benchmarks.md",
+        "uv run python -m bench                       # all six, writes docs/benchmarks.md",
         "uv run python -m bench --only envs,e2e       # some, merged into the last results",
         "uv run python -m bench --quick --out /tmp/b  # CI-sized",
         "uv run python -m bench --render              # rewrite the text and plots only",
