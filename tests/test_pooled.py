@@ -22,7 +22,8 @@ from service.specs import longer_run_hints, trial_spec
 from service.synthetic import SCENARIOS, STEPPED_SCENARIOS, stepped_trace, trace
 from service.verdicts import Verdict
 
-C, I, L, P = Verdict.CLEAN, Verdict.INCONCLUSIVE, Verdict.LEAK, Verdict.PLATEAU
+# N: not decided (inconclusive).
+C, N, L, P = Verdict.CLEAN, Verdict.INCONCLUSIVE, Verdict.LEAK, Verdict.PLATEAU
 
 
 def stepped(scenario: str, seed: int, **params: float) -> PooledRun:
@@ -44,8 +45,8 @@ def timed(scenario: str, seed: int, **params: float) -> PooledRun:
 def test_three_noisy_clean_runs_are_clean_together(base: int) -> None:
     # 40 steps under 6 MiB of AR(1) noise: each run alone is too uncertain to call.
     runs = [stepped("flat", base + i, noise_mib=6.0) for i in range(3)]
-    assert [r.verdict for r in runs] == [I, I, I]
-    assert aggregate([r.verdict for r in runs]) is I  # the vote cannot decide
+    assert [r.verdict for r in runs] == [N, N, N]
+    assert aggregate([r.verdict for r in runs]) is N  # the vote cannot decide
     pooled = classify_runs(runs)
     assert (pooled.verdict, pooled.pooled, pooled.runs) == (C, C, 3)
     assert pooled.reason.startswith("pooled over 3 runs: clean: host clean: floor slope ")
@@ -56,7 +57,7 @@ def test_three_noisy_clean_runs_are_clean_together(base: int) -> None:
 def test_three_slow_leak_runs_leak_together(base: int) -> None:
     # 1 MiB a step on 500 MiB (threshold 25 MiB over ~37 judged steps) under 6 MiB noise.
     runs = [stepped("leak", base + i, noise_mib=6.0, leak_mib_per_step=1.0) for i in range(3)]
-    assert [r.verdict for r in runs] == [I, I, I]
+    assert [r.verdict for r in runs] == [N, N, N]
     pooled = classify_runs(runs)
     assert (pooled.verdict, pooled.pooled) == (L, L)
     assert pooled.host is not None and pooled.host.slope_low > 0
@@ -68,7 +69,7 @@ def test_one_run_is_judged_exactly_as_before() -> None:
     for run in (stepped("flat", 144, noise_mib=6.0), stepped("leak", 1), stepped("cache", 2)):
         pooled = classify_runs([run])
         assert (pooled.verdict, pooled.pooled, pooled.runs) == (aggregate([run.verdict]), None, 1)
-    assert classify_runs([]).verdict is I
+    assert classify_runs([]).verdict is N
 
 
 def bounded_traces() -> list[tuple[str, object]]:
@@ -100,7 +101,7 @@ def test_two_runs_that_disagree_leak_and_clean_stay_inconclusive() -> None:
     pooled = classify_runs(runs)
     # The slopes disagree far beyond each run's noise: the between-run term widens the
     # interval past zero, and a LEAK run rules out CLEAN.
-    assert pooled.verdict is I
+    assert pooled.verdict is N
     assert pooled.host is not None and pooled.host.tau > 0 and pooled.host.slope_low <= 0
 
 
@@ -108,12 +109,12 @@ def test_two_runs_that_disagree_plateau_and_leak_are_not_a_leak() -> None:
     runs = [timed("cache", 5, seconds=120), timed("fast_leak", 6, seconds=120)]
     assert [r.verdict for r in runs] == [P, L]
     # Half the runs are plateaus: pooling may not call that a leak.
-    assert classify_runs(runs).verdict is I
+    assert classify_runs(runs).verdict is N
 
 
 def test_two_runs_clean_and_noisy_settle_clean() -> None:
     runs = [stepped("flat", 144, noise_mib=6.0), stepped("flat", 2, noise_mib=6.0)]
-    assert [r.verdict for r in runs] == [I, C]
+    assert [r.verdict for r in runs] == [N, C]
     assert classify_runs(runs).verdict is C
 
 
@@ -128,7 +129,7 @@ def test_runs_not_ended_normally_keep_their_own_vote() -> None:
     # Two pooled runs that are still inconclusive together: the killed run's LEAK is the
     # only decisive vote, as it was before pooling.
     two = classify_runs([*clean[:2], killed])
-    assert (two.verdict, two.pooled) == (L, I)
+    assert (two.verdict, two.pooled) == (L, N)
     # One pooled run is too few to pool: the plain vote (inconclusive runs ignored).
     assert classify_runs([clean[0], killed]).verdict is L
 
