@@ -266,3 +266,20 @@ def test_the_report_shows_the_pooled_line(session: Session) -> None:
     render_report(Console(file=out, width=400, no_color=True), report, {})
     assert f"  {pooled.reason}" in out.getvalue()
     assert f"- 1.0.0: {pooled.reason[:40]}" in markdown_report(report)
+
+
+@pytest.mark.parametrize(("value", "markers"), [("3", 3), ("zero", 40), ("", 40)])
+def test_the_example_repro_honours_leakbisect_steps(
+    tmp_path: Path, value: str, markers: int
+) -> None:
+    import os
+    import subprocess
+    import sys
+
+    (tmp_path / "leakyfixture.py").write_text("def step():\n    pass\n")
+    repro = Path(__file__).resolve().parents[1] / "service" / "example" / "repro.py"
+    env = {**os.environ, "PYTHONPATH": str(tmp_path), "LEAKBISECT_STEPS": value}
+    out = subprocess.run(
+        [sys.executable, str(repro)], env=env, capture_output=True, text=True, check=True
+    ).stdout
+    assert out.splitlines() == ["::leakbisect-step::"] * markers
