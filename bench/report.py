@@ -247,6 +247,14 @@ def _classifier_lines(c: dict[str, Any]) -> list[str]:
         )
         + "."
     )
+    if "pooled_worst_false_leak" in c:
+        pf = c["pooled_worst_false_leak"]
+        out.append(
+            f"**Pooled runs** ({c['candidates_per_pooled_row']} candidates per row, noisy "
+            "conditions): worst false leak on a bounded row "
+            + ", ".join(f"{100 * v:.1f} % {k}" for k, v in pf.items())
+            + "."
+        )
     if c["misses"]:
         out.append("**Targets missed by our classifier**: " + "; ".join(c["misses"]) + ".")
     else:

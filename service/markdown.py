@@ -133,6 +133,10 @@ def _evidence(items: list[Evidence]) -> list[str]:
                 f"| {md_text(item.version)} | {run.trial} | {run.verdict or ''} "
                 f"| {host} | {gpu} | {exit_text} | {took} |"
             )
+    pooled = [(item.version, item.pooled["reason"]) for item in items if item.pooled]
+    if pooled:
+        lines.append("")
+        lines += [f"- {md_text(version)}: {md_text(reason)}" for version, reason in pooled]
     return lines
 
 

@@ -113,6 +113,9 @@ class Candidate(SQLModel, table=True):
     evaluations: list[str] = _json()
     verdict: str | None = None
     growth_mib: float | None = None
+    # The latest evaluation's runs judged together (service/pooled.py `PooledAnalysis`
+    # plus "evaluation"); None when it had fewer than two runs to pool.
+    pooled: dict[str, Any] | None = Field(default=None, sa_column=Column(JSON))
     freeze: list[str] = _json()
     resolution: str | None = None
     resolution_note: str | None = Field(default=None, sa_column=Column(Text))
@@ -137,6 +140,8 @@ class Trial(SQLModel, table=True):
     candidate_id: int = Field(foreign_key="candidate.id", index=True)
     evaluation: int = 1
     kind: str = TrialKind.RUN
+    # Variables the service adds for this run (service/specs.py, longer runs); the job's win.
+    hints: dict[str, str] = _json({})
     status: str = Field(default=TrialStatus.QUEUED)
     attempt: int = 0
     runner_id: str | None = None

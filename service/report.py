@@ -44,6 +44,9 @@ class CandidateRow(BaseModel):
     error: str | None = None
     # A shell line that rebuilds the candidate as tested and runs the repro (tested ones).
     reproduce: str | None = None
+    # "pooled over N runs: ...": its latest evaluation's runs judged together
+    # (service/pooled.py); None when that evaluation had fewer than two runs to pool.
+    pooled: str | None = None
 
 
 class RunEvidence(BaseModel):
@@ -61,6 +64,9 @@ class Evidence(BaseModel):
     version: str
     verdict: str | None
     runs: list[RunEvidence]
+    # The pooled verdict of the latest evaluation with its numbers (`PooledAnalysis.to_dict`
+    # plus "evaluation"); its "reason" starts "pooled over N runs: ".
+    pooled: dict[str, Any] | None = None
 
 
 class DependencyChange(BaseModel):
@@ -199,6 +205,7 @@ def candidate_rows(
             reused=c.reused_from is not None,
             error=_last_error(c, done),
             reproduce=reproduce_command(job, c) if job is not None and c.id in tested else None,
+            pooled=(c.pooled or {}).get("reason"),
         )
         for c in candidates
     ]
@@ -222,6 +229,7 @@ def evidence(candidate: Candidate, trials: list[Trial]) -> Evidence:
             )
             for t in runs
         ],
+        pooled=candidate.pooled,
     )
 
 

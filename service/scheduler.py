@@ -21,10 +21,12 @@ from statistics import median
 from sqlmodel import Session
 
 from service import pins, queue, reuse
-from service.analysis import aggregate, needs_more_runs
 from service.models import Candidate, Job, JobStatus, Trial, TrialKind, TrialStatus, utcnow
 from service.planner import Outcome, Plan, ReleaseState, plan
-from service.store import candidates_of, next_trial_number, trials_of
+from service.pooled import PooledRun, classify_runs
+from service.specs import longer_run_hints
+from service.store import candidates_of, next_trial_number, steps_printed, trials_of
+from service.trials import classifier_settings
 from service.verdicts import Verdict
 
 # Marks the lines of job.message that `advance` owns (reuse notes).
@@ -41,26 +43,53 @@ def slots_for(session: Session, job: Job, *, within_s: float = 60) -> int:
     return max(1, len(able))
 
 
-def _queue(session: Session, job: Job, candidate: Candidate, evaluation: int, count: int) -> None:
+def _queue(
+    session: Session,
+    job: Job,
+    candidate: Candidate,
+    evaluation: int,
+    count: int,
+    hints: dict[str, str] | None = None,
+) -> None:
     assert job.id is not None
     for _ in range(count):
-        number = next_trial_number(session, job.id)
         session.add(
-            Trial(job_id=job.id, candidate_id=candidate.id, evaluation=evaluation, number=number)
+            Trial(
+                job_id=job.id,
+                number=next_trial_number(session, job.id),
+                candidate_id=candidate.id,
+                evaluation=evaluation,
+                hints=dict(hints or {}),
+            )
         )
 
 
 def _close_or_extend(session: Session, job: Job, candidate: Candidate, trials: list[Trial]) -> bool:
-    """Settle the candidate's open evaluation; True while it is still running."""
+    """Settle the candidate's open evaluation; True while it is still running.
+
+    Its runs are judged together (service/pooled.py) from the floors each run's analysis
+    already holds: microseconds under the job lock, no samples reloaded.
+    """
     if any(t.status in (TrialStatus.QUEUED, TrialStatus.LEASED) for t in trials):
         return True
-    verdicts = [Verdict(t.verdict) for t in trials if t.verdict]
-    if needs_more_runs(verdicts, job.repeats, job.max_runs):
+    done = [t for t in trials if t.verdict]
+    together = classify_runs([_pooled_run(t) for t in done], classifier_settings(job))
+    n = len(done)
+    if n < job.repeats:
         _queue(session, job, candidate, trials[0].evaluation, 1)
         return True
-    verdict = aggregate(verdicts)
+    if together.verdict is Verdict.INCONCLUSIVE and n < job.max_runs:
+        # Inconclusive after the repeats asked for: the next run is asked to run longer.
+        steps = steps_printed(session, [t.id for t in done if t.id is not None])
+        hints = longer_run_hints([(t.duration_s, steps.get(t.id)) for t in done])  # type: ignore[arg-type]
+        _queue(session, job, candidate, trials[0].evaluation, 1, hints)
+        return True
+    verdict = together.verdict
     candidate.evaluations = [*candidate.evaluations, verdict.value]
     candidate.verdict = verdict.value
+    candidate.pooled = (
+        {**together.to_dict(), "evaluation": trials[0].evaluation} if together.runs >= 2 else None
+    )
     growth = [
         t.analysis["growth_mib"]
         for t in trials
@@ -69,6 +98,11 @@ def _close_or_extend(session: Session, job: Job, candidate: Candidate, trials: l
     candidate.growth_mib = median(growth) if growth else None
     session.add(candidate)
     return False
+
+
+def _pooled_run(trial: Trial) -> PooledRun:
+    normal = trial.exit_code == 0 and not trial.oom_killed and not trial.timed_out
+    return PooledRun(Verdict(trial.verdict), trial.analysis, normal)  # type: ignore[arg-type]
 
 
 def _states(candidates: list[Candidate], running: set[int | None]) -> list[ReleaseState]:

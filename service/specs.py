@@ -1,4 +1,13 @@
-"""What a runner is told: the wire specs of a candidate's environment and of a trial."""
+"""What a runner is told: the wire specs of a candidate's environment and of a trial.
+
+Longer runs: a candidate whose runs stay inconclusive gets its next run with two hints
+a repro may honour (the README's script contract): `LEAKBISECT_STEPS`, twice the steps
+the longest earlier run of the evaluation printed (when it printed step markers), and
+`LEAKBISECT_SECONDS`, twice that run's duration. They are the trial's `hints`; the job's
+own `--env` variables win over them.
+"""
+
+import math
 
 from runners.wire import EnvSpec, TrialSpec
 from service.models import Candidate, Job, Trial, TrialKind
@@ -42,5 +51,17 @@ def trial_spec(job: Job, candidate: Candidate, trial: Trial) -> TrialSpec:
         memory_limit_bytes=job.memory_limit,
         sample_hz=job.sample_hz,
         requires_gpu=job.requires_gpu,
-        variables=dict(job.variables),
+        variables={**trial.hints, **job.variables},
     )
+
+
+def longer_run_hints(runs: list[tuple[float | None, int | None]]) -> dict[str, str]:
+    """The hints for the next run, from the earlier runs' (duration_s, steps printed)."""
+    timed = [(d, steps) for d, steps in runs if d is not None and d > 0]
+    if not timed:
+        return {}
+    duration, steps = max(timed, key=lambda run: run[0])
+    hints = {"LEAKBISECT_SECONDS": str(math.ceil(2 * duration))}
+    if steps:
+        hints["LEAKBISECT_STEPS"] = str(2 * steps)
+    return hints

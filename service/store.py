@@ -83,6 +83,22 @@ def samples_of(session: Session, trial_ids: list[int]) -> dict[int, list[MemoryS
     return out
 
 
+def steps_printed(session: Session, trial_ids: list[int]) -> dict[int, int]:
+    """Per trial with step markers: how many steps it printed (last minus first, plus one).
+
+    One aggregate over the trial_id index, not the samples themselves: cheap under a lock.
+    """
+    if not trial_ids:
+        return {}
+    step = col(MemorySample.step)
+    rows = session.exec(
+        select(MemorySample.trial_id, func.min(step), func.max(step))
+        .where(col(MemorySample.trial_id).in_(trial_ids), step.is_not(None))
+        .group_by(col(MemorySample.trial_id))
+    ).all()
+    return {trial_id: high - low + 1 for trial_id, low, high in rows}
+
+
 def samples_page(
     session: Session, trial_id: int, *, offset: int = 0, limit: int | None = None
 ) -> tuple[list[MemorySample], int]:

@@ -1,7 +1,7 @@
 """trial numbers: each job counts its own trials 1, 2, ... (the number users see)
 
 Revision ID: 0012
-Revises: 0008
+Revises: 0011
 Create Date: 2026-12-03
 """
 
@@ -11,7 +11,7 @@ import sqlalchemy as sa
 from alembic import op
 
 revision: str = "0012"
-down_revision: str | None = "0008"
+down_revision: str | None = "0011"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 

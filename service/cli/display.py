@@ -212,6 +212,8 @@ def _evidence(console: Console, report: Report, curves: dict[int, list[float]]) 
             if curve:
                 low, high = min(curve) / 2**20, max(curve) / 2**20
                 console.print(f"  rss {sparkline(curve)}  {low:.0f}..{high:.0f} MiB")
+        if item.pooled:
+            console.print(f"  {outside(item.pooled.get('reason', ''))}")
 
 
 def _dependency_diff(console: Console, report: Report) -> None:
