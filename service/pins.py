@@ -34,7 +34,10 @@ from service.specs import env_spec
 FAILED_NOTE = "no pins from the good bound (candidates resolve freely): {reason}"
 
 
-def initial_state(as_released: bool) -> PinState:
+def initial_state(as_released: bool, base_env: bool = False) -> PinState:
+    """A base environment is the pins itself (service/baseenv.py): nothing to resolve."""
+    if base_env:
+        return PinState.RESOLVED
     return PinState.NONE if as_released else PinState.PENDING
 
 
