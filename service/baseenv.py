@@ -220,7 +220,8 @@ def describe(base: BaseEnv, *, package: str, source: str | None) -> str:
     """The report's "environment" line for a job with a base environment."""
     others, own = base.split(package)
     where = f"from {source}" if source else f"in a {base.format}"
-    line = f"your base environment ({len(others)} packages {where})"
+    count = f"{len(others)} package{'' if len(others) == 1 else 's'}"
+    line = f"your base environment ({count} {where})"
     if own is not None:
         line += f", which had {canonicalize_name(package)} {own}; each candidate swaps in its own"
     return line + ", with what a candidate forces noted on its row"
