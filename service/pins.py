@@ -2,7 +2,8 @@
 
 Resolving a requirement set can build sdists (their build backends are arbitrary code),
 so the API server never does it: a job that needs pins (`PinState.PENDING`, set at
-creation unless it resolves "as released") gets one *resolve trial* for its good bound
+creation unless it resolves "as released" or brings its own pins with `--base-env`,
+service/baseenv.py) gets one *resolve trial* for its good bound
 before anything else runs. A runner resolves it (`uv pip compile`, sandboxed like any
 build) and reports the pins, which become `Job.constraints`; every candidate is then
 built with them as constraints, falling back to free resolution where they do not fit.

@@ -20,7 +20,9 @@ from runners.wire import EnvSpec
 from service import baseenv
 from service.example.fixture import build_fixture, pack_wheel
 from service.example.index import serve_index
+from service.models import Candidate, Job
 from service.options import JobOptions
+from service.reuse import key_material, reuse_key
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -235,6 +237,18 @@ def test_base_env_and_another_resolution_policy_are_refused(
 def test_base_env_with_with_is_allowed() -> None:
     options = job_options(base_env=FREEZE, base_env_name="base.txt", requirements=["jax"])
     assert options.base_env == FREEZE and options.requirements == ["jax"]
+
+
+def test_a_base_env_job_does_not_share_verdicts_with_the_same_pins_resolved() -> None:
+    # The same pins, but a base env installs all of them: another environment.
+    fields = {"package": "swapme", "script": "print(1)\n", "good": "1.0", "bad": "2.0",
+              "script_sha256": "0" * 64, "constraints": ["codep==1.0"]}  # fmt: skip
+    resolved = Job(**fields)
+    based = Job(**fields, base_env="codep==1.0\n")
+    candidate = Candidate(job_id=1, position=0, version="1.0")
+    assert "base_env" not in key_material(resolved, candidate)["env"]
+    assert key_material(based, candidate)["env"]["base_env"] is True
+    assert reuse_key(based, candidate) != reuse_key(resolved, candidate)
 
 
 # --------------------------------------------------------------------- real builds
