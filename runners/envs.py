@@ -79,6 +79,7 @@ __all__ = [
 
 MARKER = ".leakbisect-env.json"
 CONSTRAINTS_FILE = "leakbisect-constraints.txt"
+BASE_FILE = "leakbisect-base-env.txt"
 # A base environment's pins a candidate may leave, one uv error at a time, before the
 # build gives up holding them.
 MAX_FORCED_ROUNDS = 20
@@ -489,7 +490,10 @@ class _Build:
         what changed. An error that names no held pin falls back to free resolution.
         """
         held = dict(_pinned(c) for c in constraints)
-        args = [*args, *held]  # the names: the base environment's packages, each one
+        # The names, each one: the base environment's packages (thousands, so a file).
+        names = self.venv / BASE_FILE
+        names.write_text("".join(f"{n}\n" for n in held))
+        args = [*args, "-r", str(names)]
         cfile = self.venv / CONSTRAINTS_FILE
         left: dict[str, str] = {}
         reason = ""
