@@ -10,7 +10,10 @@ environments are on the same filesystem, so a warm build takes about a second.
 Transitive drift (see DESIGN.md, Environments): by default the other packages
 are held at the good bound's pins (`resolve_pins`), passed to uv as
 constraints; when those cannot be resolved the build falls back to free
-resolution and says why. "As released" builds pass ``--exclude-newer``.
+resolution and says why. "As released" builds pass ``--exclude-newer``. A base
+environment (`EnvSpec.base_env`, from `--base-env`) installs every pinned package,
+not only what the candidate needs, and leaves only the pins uv's error names
+(`_Build.install_base`), noting each version that changed.
 
 `build_env` raises `EnvError` for a spec that is wrong in itself (a
 requirement that does not parse, a Python that is not installed); a candidate
@@ -76,6 +79,10 @@ __all__ = [
 
 MARKER = ".leakbisect-env.json"
 CONSTRAINTS_FILE = "leakbisect-constraints.txt"
+BASE_FILE = "leakbisect-base-env.txt"
+# A base environment's pins a candidate may leave, one uv error at a time, before the
+# build gives up holding them.
+MAX_FORCED_ROUNDS = 20
 # A cold install of a large stack (torch and friends) can take many minutes.
 INSTALL_TIMEOUT_S = 3600.0
 
@@ -100,6 +107,8 @@ def spec_hash(spec: EnvSpec) -> str:
         data["exclude_newer"] = _iso(spec.exclude_newer)
     if spec.python is None:
         data["python"] = running_python()
+    if not spec.base_env:  # environments built before base environments keep their names
+        del data["base_env"]
     blob = json.dumps(data, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
@@ -158,6 +167,28 @@ def exclude_newer_arg(when: datetime) -> str:
     cutoff = _utc(when).replace(microsecond=_utc(when).microsecond // 1000 * 1000)
     cutoff += timedelta(milliseconds=1)
     return cutoff.isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+def _pinned(text: str) -> tuple[str, str]:
+    """``Name==1.0`` -> ("name", "1.0")."""
+    name, _, version = text.partition("==")
+    return canonicalize_name(name.split("[", 1)[0].strip()), version.strip()
+
+
+# A requirement in uv's resolver error: "jax==0.4.30", "jax>=0.5", "jax<0.5,>=0.4".
+_MENTION = re.compile(
+    r"(?<![\w.-])([A-Za-z0-9][A-Za-z0-9._-]*)(?:\[[^\]]*\])?(?:==|>=|<=|!=|~=|<|>)"
+)
+
+
+def _named_packages(stderr: str) -> list[str]:
+    """The packages uv's error names with a version, normalised, in order of mention."""
+    names: list[str] = []
+    for match in _MENTION.finditer(stderr):
+        name = canonicalize_name(match.group(1))
+        if name not in names:
+            names.append(name)
+    return names
 
 
 def _parse_requirement(text: str, what: str = "requirement") -> Requirement:
@@ -433,6 +464,8 @@ class _Build:
                 *index_args(spec)]  # fmt: skip
         released = spec.exclude_newer is not None
         resolution = "as-released" if released else "free"
+        if spec.base_env:
+            return self.install_base(args, constraints)
         if not spec.constraints:
             return self.uv(*args, timeout=INSTALL_TIMEOUT_S), resolution, None
         cfile = self.venv / CONSTRAINTS_FILE
@@ -445,6 +478,50 @@ class _Build:
         note = f"held pins did not resolve, resolved freely: {one_line_reason(proc.stderr)}"
         self.say(note)
         return self.uv(*args, timeout=INSTALL_TIMEOUT_S), resolution, note
+
+    def install_base(
+        self, args: list[str], constraints: list[str]
+    ) -> tuple[subprocess.CompletedProcess[str], str, str | None]:
+        """The user's whole environment with the candidate swapped in (`--base-env`).
+
+        Every package of the base environment is installed, held at its pin. Where the
+        candidate (or a --with requirement) cannot have a pin, uv's error names it: that
+        pin is left, the package stays in (resolved to what fits), and the note says
+        what changed. An error that names no held pin falls back to free resolution.
+        """
+        held = dict(_pinned(c) for c in constraints)
+        # The names, each one: the base environment's packages (thousands, so a file).
+        names = self.venv / BASE_FILE
+        names.write_text("".join(f"{n}\n" for n in held))
+        args = [*args, "-r", str(names)]
+        cfile = self.venv / CONSTRAINTS_FILE
+        left: dict[str, str] = {}
+        reason = ""
+        for _ in range(MAX_FORCED_ROUNDS):
+            cfile.write_text("".join(f"{n}=={v}\n" for n, v in held.items()))
+            proc = self.uv(*args, "-c", str(cfile), timeout=INSTALL_TIMEOUT_S)
+            if proc.returncode == 0:
+                return proc, "constrained", self.forced_note(left, reason)
+            named = [n for n in _named_packages(proc.stderr) if n in held]
+            if NO_SOLUTION not in proc.stderr or not named:
+                break
+            reason = reason or one_line_reason(proc.stderr)
+            for name in named:
+                left[name] = held.pop(name)
+            self.say(f"base env: leaving {', '.join(named)} to the resolver: {reason}")
+        if NO_SOLUTION not in proc.stderr:
+            return proc, "free", None
+        note = f"base env did not resolve, resolved freely: {one_line_reason(proc.stderr)}"
+        self.say(note)
+        return self.uv(*args, timeout=INSTALL_TIMEOUT_S), "free", note
+
+    def forced_note(self, left: dict[str, str], reason: str) -> str | None:
+        """The note "base env, except jax 0.4.30 -> 0.5.0 (uv: ...)", from the freeze."""
+        if not left:
+            return None
+        now = dict(_pinned(line) for line in self.freeze() or [] if "==" in line)
+        changes = [f"{name} {old} -> {now.get(name, 'absent')}" for name, old in left.items()]
+        return f"base env, except {', '.join(changes)} (uv: {reason})"
 
     def write_record(self, base: str, freeze: list[str], resolution: str, note: str | None) -> None:
         record = {

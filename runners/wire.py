@@ -44,6 +44,9 @@ class EnvSpec(BaseModel):
     constraints: list[str] = Field(default_factory=list)
     # Resolve "as released": nothing uploaded after this instant is considered.
     exclude_newer: datetime | None = None
+    # The constraints are the user's whole environment (`--base-env`): install every one
+    # of them too, and leave only the pins a candidate cannot have (runners/envs.py).
+    base_env: bool = False
 
 
 class EnvResult(BaseModel):

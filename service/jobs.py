@@ -5,7 +5,7 @@ from typing import Any
 
 from sqlmodel import Session
 
-from service import pins, releases
+from service import baseenv, pins, releases
 from service.index import LOCAL, PYPI_SIMPLE, FetchPolicy, list_releases, target_tags
 from service.models import Candidate, Job
 from service.resolution import pins_as_of
@@ -53,13 +53,17 @@ def create_job(
     insert, before any candidate is written).
     """
     found = releases_for(request, fetch)
+    held: dict[str, Any] = {}
+    if request.base_env is not None:
+        base = baseenv.parse(request.base_env, request.base_env_name)
+        held = {"constraints": base.split(request.package)[0], "pins_as_of": None}
     job = Job.model_validate(
         request,
         update={
             "good": found[0].version,
             "bad": found[-1].version,
             "script_sha256": hashlib.sha256(request.script.encode()).hexdigest(),
-            "pin_state": pins.initial_state(request.as_released),
+            "pin_state": pins.initial_state(request.as_released, request.base_env is not None),
             "pins_as_of": pins_as_of(
                 as_released=request.as_released,
                 resolve_at=request.resolve_at,
@@ -72,6 +76,7 @@ def create_job(
             "local": local,
             "owner": owner,
             "idempotency": idempotency,
+            **held,
         },
     )
     session.add(job)

@@ -22,6 +22,7 @@ from pydantic.fields import FieldInfo
 from sqlalchemy import JSON, BigInteger, Text
 from sqlmodel import Field, SQLModel
 
+from service import baseenv
 from service.resolution import parse_resolve_at
 from service.units import SIZE_HELP, parse_size
 
@@ -137,6 +138,21 @@ class JobOptions(SQLModel):
         metavar="DATE|latest",
         max_length=40,
     )
+    base_env_name: str | None = option(
+        None,
+        flag=None,
+        help="The base environment's file name (says its format; shown in the report).",
+        max_length=200,
+    )
+    base_env: str | None = option(
+        None,
+        flag="--base-env",
+        help="Your own environment (a `uv pip freeze`/`pip freeze` output, a requirements "
+        "file of == pins, a uv.lock or a pylock.toml): every candidate gets exactly those "
+        "versions, with only the bisected package swapped (and what it forces noted).",
+        metavar="FILE",
+        sa_type=Text,
+    )
     find_fix: bool = option(
         False, flag="--find-fix", help="Find the first release that no longer leaks."
     )
@@ -219,6 +235,20 @@ class JobOptions(SQLModel):
             )
         parse_resolve_at(value)  # InvalidInput, a ValueError, says what is allowed
         return value.strip()
+
+    @field_validator("base_env")
+    @classmethod
+    def _base_env(cls, value: str | None, info: ValidationInfo) -> str | None:
+        if value is None:
+            return None
+        for name, flag in (("as_released", "--as-released"), ("resolve_at", "--resolve-at")):
+            if info.data.get(name):
+                raise ValueError(
+                    f"cannot be combined with {flag}: the base environment already says "
+                    "every other package's version; give one"
+                )
+        baseenv.parse(value, info.data.get("base_env_name"))  # InvalidInput says what is wrong
+        return value
 
     @field_validator("package")
     @classmethod

@@ -14,7 +14,7 @@ from typing import Any
 from pydantic import BaseModel, Field, model_serializer, model_validator
 
 from runners.envs import freeze_diff, index_args
-from service import crash, resolution
+from service import baseenv, crash, resolution
 from service.models import Candidate, Job, Trial, TrialKind, TrialStatus
 from service.specs import env_spec
 from service.verdicts import Verdict
@@ -39,6 +39,8 @@ class CandidateRow(BaseModel):
     growth_mib: float | None = None
     upload_time: str | None = None  # ISO 8601, as the index gave it
     resolution: str | None = None
+    # Why it was not held at the pins (with --base-env: which base pins it forced).
+    resolution_note: str | None = None
     reused: bool = False
     # An error verdict: the line its last failed run ended on (service/crash.py).
     error: str | None = None
@@ -202,6 +204,7 @@ def candidate_rows(
             growth_mib=None if c.growth_mib is None else round(c.growth_mib, 2),
             upload_time=c.upload_time.isoformat() if c.upload_time else None,
             resolution=c.resolution,
+            resolution_note=c.resolution_note,
             reused=c.reused_from is not None,
             error=_last_error(c, done),
             reproduce=reproduce_command(job, c) if job is not None and c.id in tested else None,
@@ -252,6 +255,20 @@ def _unjudged(candidate: Candidate) -> bool:
     )
 
 
+def environment(job: Job) -> str:
+    """How the packages besides the bisected one were chosen (the report's line)."""
+    if job.base_env is not None:
+        base = baseenv.parse(job.base_env, job.base_env_name)
+        return baseenv.describe(base, package=job.package, source=job.base_env_name)
+    return resolution.describe(
+        as_released=job.as_released,
+        resolve_at=job.resolve_at,
+        as_of=job.pins_as_of,
+        newest=job.bad,
+        find_fix=job.find_fix,
+    )
+
+
 def build_report(job: Job, candidates: list[Candidate], trials: list[Trial]) -> Report:
     result = job.result or {}
     by_version = {c.version: c for c in candidates}
@@ -271,13 +288,7 @@ def build_report(job: Job, candidates: list[Candidate], trials: list[Trial]) -> 
         candidates=candidate_rows(candidates, trials, job),
         trials=len(_runs(trials)),
         machine=job.machine,
-        environment=resolution.describe(
-            as_released=job.as_released,
-            resolve_at=job.resolve_at,
-            as_of=job.pins_as_of,
-            newest=job.bad,
-            find_fix=job.find_fix,
-        ),
+        environment=environment(job),
     )
     if last_old and first_new:
         report.dependency_diff = [

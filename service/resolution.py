@@ -20,7 +20,8 @@ Rules, in order:
    in 2, and the report says so.
 
 Where the pins do not fit a candidate, that candidate is resolved freely and its row
-says so (runners/envs.py).
+says so (runners/envs.py). `--base-env FILE` replaces this policy: the user's file is the
+pins, and it is refused together with `--as-released` or `--resolve-at` (service/baseenv.py).
 """
 
 from datetime import UTC, date, datetime, time, timedelta

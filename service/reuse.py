@@ -62,8 +62,9 @@ def key_material(job: Job, candidate: Candidate) -> dict[str, Any]:
     - the environment spec as the runner gets it: Python, extra requirements
       (sorted), index URL, extra index URLs and find-links (in order: order
       decides which index wins), pre-releases, the pins of the other packages
-      (sorted, the package's own pin dropped), and for as-released jobs the
-      upload-time cutoff;
+      (sorted, the package's own pin dropped), for as-released jobs the
+      upload-time cutoff, and for base-environment jobs that mark (every pin is
+      then installed, not only what the candidate needs);
     - the run policy that changes what a run can show: timeout, memory cap,
       sample rate, repeats;
     - the classifier settings, with defaults filled in (an empty policy and an
@@ -86,6 +87,8 @@ def key_material(job: Job, candidate: Candidate) -> dict[str, Any]:
             "as_released": job.as_released,
             "constraints": _other_pins(spec.constraints, job.package),
             "exclude_newer": spec.exclude_newer.isoformat() if spec.exclude_newer else None,
+            # Only when set, so the keys of jobs without one stay what they were.
+            **({"base_env": True} if spec.base_env else {}),
         },
         "run": {
             "timeout_s": float(job.timeout_s),

@@ -35,6 +35,7 @@ def env_spec(job: Job, candidate: Candidate, *, resolving: bool = False) -> EnvS
         pre=job.pre,
         constraints=[] if job.as_released else list(job.constraints),
         exclude_newer=exclude_newer,
+        base_env=job.base_env is not None,
     )
 
 

@@ -284,6 +284,16 @@ def test_bad_range_is_refused_at_submit(client: TestClient, fixture_index: str) 
         ({"script": "x = 1\n" * 200_000}, "script: the script is larger than 1 MiB"),
         ({"range": "1.0.0"}, "range: '1.0.0' is not a range; write GOOD..BAD, e.g. 1.0.0..1.0.9"),
         ({"repeats": 0}, "repeats: Input should be greater than or equal to 1"),
+        (
+            {"base_env": "leakyfixture==1.0.0\nmine @ file:///home/me/mine\n"},
+            "base_env: line 2: 'mine @ file:///home/me/mine' is a direct reference (URL, VCS "
+            "or local path), which is never built from a job; pin it to a version on an index",
+        ),
+        (
+            {"base_env": "leakyfixture==1.0.0\n", "resolve_at": "latest"},
+            "base_env: cannot be combined with --resolve-at: the base environment already "
+            "says every other package's version; give one",
+        ),
     ],
 )
 def test_bad_fields_are_named(
@@ -293,6 +303,29 @@ def test_bad_fields_are_named(
     response = client.post(f"{API}/jobs", json=sent)
     assert response.status_code == 422
     assert response.json() == {"detail": detail}
+
+
+def test_a_base_env_is_the_pins_without_a_resolve_trial(
+    client: TestClient, fixture_index: str
+) -> None:
+    base = '[[package]]\nname = "LeakyFixture"\nversion = "1.0.9"\nsource = { registry = "x" }\n'
+    base += '\n[[package]]\nname = "six"\nversion = "1.16.0"\nsource = { registry = "x" }\n'
+    response = client.post(
+        f"{API}/jobs", json=body(fixture_index, base_env=base, base_env_name="uv.lock")
+    )
+    assert response.status_code == 201, response.text
+    created = response.json()
+    assert job(client, created["id"])["environment"] == (
+        "your base environment (1 package from uv.lock), which had leakyfixture 1.0.9; each "
+        "candidate swaps in its own, with what a candidate forces noted on its row"
+    )
+    settings: Settings = client.app.state.settings  # type: ignore[attr-defined]
+    with Session(get_engine(settings.effective_database_url)) as session:
+        stored = session.get(Job, created["id"])
+        assert stored is not None
+        assert (stored.pin_state, stored.constraints) == (PinState.RESOLVED, ["six==1.16.0"])
+        kinds = session.exec(select(Trial.kind).where(Trial.job_id == created["id"])).all()
+    assert TrialKind.RESOLVE not in kinds
 
 
 def test_list_filters_and_pages(client: TestClient, fixture_index: str) -> None:

@@ -10,6 +10,7 @@ from rich.table import Table
 from rich.text import Text
 
 from runners.wire import Sample
+from service.baseenv import FORCED_NOTE
 from service.models import Candidate, Trial
 from service.report import CandidateRow, Report
 from service.text import printable
@@ -186,6 +187,8 @@ def _notes(row: CandidateRow) -> str:
         notes.append(f"untestable: {printable(row.untestable_reason or '')}")
     if row.resolution and row.resolution != "constrained":
         notes.append(f"resolution: {row.resolution}")
+    if row.resolution_note and row.resolution_note.startswith(FORCED_NOTE):
+        notes.append(printable(row.resolution_note))
     if row.reused:
         notes.append("verdict reused")
     return escape("; ".join(notes))

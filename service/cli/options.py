@@ -16,6 +16,7 @@ import typer
 from pydantic import ValidationError
 from pydantic.fields import FieldInfo
 
+from service import baseenv
 from service.cli.errors import fail, validation_message
 from service.options import cli_of, option_fields
 from service.schemas import JobCreate
@@ -143,6 +144,19 @@ def read_requirements(path: Path) -> list[str]:
     ]
 
 
+def read_base_env(path: Path) -> str:
+    """`--base-env FILE`'s text (the field checks it; past 1 MiB it says so)."""
+    try:
+        with path.open("rb") as fh:
+            data = fh.read(baseenv.MAX_BYTES + 1)
+    except OSError as exc:
+        fail(f"--base-env: cannot read {path}: {exc.strerror}")
+    try:
+        return data.decode()
+    except UnicodeDecodeError:
+        fail(f"--base-env: {path} is not UTF-8 text")
+
+
 def parse_variables(items: list[str] | None) -> dict[str, str]:
     """``--env KEY=VALUE`` items -> a mapping; one-line error for a malformed item."""
     variables: dict[str, str] = {}
@@ -183,6 +197,9 @@ def job_request(
         requirements += read_requirements(requirements_file)
     if "variables" in fields:
         fields["variables"] = parse_variables(fields["variables"])
+    if "base_env" in fields:
+        path = Path(fields["base_env"])
+        fields["base_env"], fields["base_env_name"] = read_base_env(path), path.name
     return build(script, range_, requirements=requirements, **fields)
 
 
