@@ -525,9 +525,9 @@ def _judge(m: dict[str, Any], per: str, s: ClassifierSettings) -> tuple[Verdict,
     # its early pace: a saturating curve (a cache) fails the second test even when
     # noise props up its late slope.
     reference = max(slope, rise_rate)
-    still_rising = (
-        late >= s.leak_late_ratio * reference and late >= s.saturation_ratio * m["early_slope"]
-    )
+    still_rising = late >= s.leak_late_ratio * reference and late >= s.saturation_ratio * m[
+        "early_slope"
+    ]
     spread = m["step_ratio"] > s.max_step_ratio
     kept = m["drop_mib"] < s.max_drop_ratio * threshold
 
@@ -657,7 +657,6 @@ def classify_run(
 
 
 # ------------------------------------------------------------------------ candidate
-
 
 def aggregate(verdicts: Sequence[Verdict]) -> Verdict:
     """A candidate's verdict from its runs' verdicts.
