@@ -9,8 +9,8 @@ Rules, in this order:
 
 1. Cap near: the newest host sample is at least `cap_fraction` of the memory cap
    and the floor is rising (the floor of the last quarter of the samples is the
-   threshold T or more above that of the first quarter, as the classifier's OOM
-   rule measures it). The cap would kill the trial anyway and the classifier
+   threshold T or more above that of the first quarter, after the warm-up, as
+   the classifier's OOM rule measures it). The cap would kill the trial anyway and the classifier
    calls an OOM kill with a rising floor a leak; stop now. Applies with or
    without a horizon.
 2. No horizon (no trial of the job has run to its end yet): nothing else.
@@ -60,15 +60,20 @@ def _threshold(es: EarlyStop, baseline: float) -> float:
     return max(es.min_growth_mib, es.min_growth_fraction * max(baseline, 0.0))
 
 
-def _cap_near(rss_mib: np.ndarray, limit_bytes: int | None, es: EarlyStop) -> str | None:
-    if not limit_bytes or len(rss_mib) < 8:
+def _cap_near(
+    t: np.ndarray, rss_mib: np.ndarray, steps: Sequence[tuple[float, int]],
+    limit_bytes: int | None, es: EarlyStop,
+) -> str | None:  # fmt: skip
+    if not limit_bytes or rss_mib[-1] < es.cap_fraction * limit_bytes / MIB:
         return None
     limit = limit_bytes / MIB
-    if rss_mib[-1] < es.cap_fraction * limit:
+    part = judged_part(t, rss_mib, steps, es)  # after the warm-up, as the classifier's OOM rule
+    if part is None or len(part[1]) < 8:
         return None
-    q = len(rss_mib) // 4
-    first = float(np.percentile(rss_mib[:q], es.floor_percentile))
-    last = float(np.percentile(rss_mib[-q:], es.floor_percentile))
+    v = part[1]
+    q = len(v) // 4
+    first = float(np.percentile(v[:q], es.floor_percentile))
+    last = float(np.percentile(v[-q:], es.floor_percentile))
     threshold = _threshold(es, first)
     if last - first < threshold:
         return None
@@ -141,7 +146,7 @@ def should_stop(
     vv = np.asarray(rss, dtype=float) / MIB
     if len(tt) == 0:
         return None
-    cap = _cap_near(vv, limit_bytes, es)
+    cap = _cap_near(tt, vv, steps, limit_bytes, es)
     if cap is not None:
         return f"the memory cap is near: {cap}"
     if es.horizon_s is None or _observed(tt, steps, es) < es.min_fraction:
