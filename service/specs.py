@@ -70,9 +70,14 @@ def early_stop(job: Job, trials: Sequence[Trial]) -> EarlyStop | None:
     seconds, steps = horizon(trials)
     settings = asdict(ClassifierSettings(**job.classifier))
     shared = {k: v for k, v in settings.items() if k in EarlyStop.model_fields}
-    # Twenty looks or more over a short horizon (the 2 s fixture), every 5 s over a long one.
-    look = 5.0 if seconds is None else min(5.0, max(0.1, seconds / 20))
-    return EarlyStop(horizon_s=seconds, horizon_steps=steps, look_every_s=look, **shared)
+    return EarlyStop(
+        horizon_s=seconds, horizon_steps=steps, look_every_s=look_every(seconds), **shared
+    )
+
+
+def look_every(seconds: float | None) -> float:
+    """Twenty looks or more over a short horizon (the 2 s fixture), every 5 s over a long one."""
+    return 5.0 if seconds is None else min(5.0, max(0.1, seconds / 20))
 
 
 def trial_spec(
