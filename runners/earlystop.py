@@ -33,6 +33,15 @@ Rules, in this order:
 
 A trial that is not stopped runs to its end and is judged as before; clean
 candidates therefore always run to the end.
+
+Measured on service.synthetic traces (120 s runs, horizon = the run, looks every
+5 s; 400-step runs with markers, looks every 2 s; seeds 0..99): flat, spikes,
+sawtooth, cache (also with its fill ending at 30, 45, 50 and 55 % of the run),
+late_step, gpu_plateau and the stepped flat, spikes and cache runs were never
+stopped (0/100 each); fast_leak and the stepped leak always were (100/100, fast
+leaks at 40 %/min at the first eligible look), leak_spikes 90/100; the 0.5 %/min
+slow leak over 15 minutes 0/20 (it runs to its end and the classifier judges it).
+tests/test_earlystop.py pins these for seeds 0..19.
 """
 
 from __future__ import annotations
