@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.common import Config, clean_env, reachable_tmpdir, secs, stopwatch, table
+from bench.earlystop import LONG_S, run_long
 from service.example.fixture import FixtureSpec, build_fixture
 from service.example.index import serve_index
 
@@ -106,6 +107,10 @@ def bisect_cli(
         "right": first_bad == expected,
         "runs": report.get("trials"),
         "installs": sum(1 for c in report.get("candidates", []) if c.get("trials")),
+        "early_stop": "--no-early-stop" not in extra,
+        "stopped_early": sum(
+            1 for e in report.get("evidence", []) for r in e["runs"] if r.get("stopped_early")
+        ),
     }
 
 
@@ -169,6 +174,12 @@ def run(cfg: Config) -> dict[str, Any]:
                     )
                     how = f"bisect-cli run, warm uv cache (run {j + 1} of {warm_runs})"
                     out["runs"].append({"repro": label, "how": how, **warm})
+                if k == 0:  # the same search with every trial run to its end
+                    cfg.log(f"e2e: bisect-cli run --no-early-stop, warm uv cache, {label}")
+                    off = bisect_cli(repro, url, work / f"cli-off-{k}", cold_dir / "cache" / "uv",
+                                     extra=("--no-early-stop",))  # fmt: skip
+                    how = "bisect-cli run --no-early-stop, warm uv cache"
+                    out["runs"].append({"repro": label, "how": how, **off})
                 repeats = cfg.pick(REPEATS, 1) if k == 0 else 1
                 for j in range(repeats):
                     cfg.log(f"e2e: naive venv + pip loop, {label}, run {j + 1} of {repeats}")
@@ -177,6 +188,8 @@ def run(cfg: Config) -> dict[str, Any]:
                     if repeats > 1:
                         how += f" (run {j + 1} of {repeats})"
                     out["runs"].append({"repro": label, "how": how, **naive})
+        if not cfg.quick:
+            out["long"] = run_long(work / "long", cfg.log)
     rows, naive_rows = _result_rows(out["runs"]), _naive_rows(out["runs"], versions)
     out["tables"] = [
         table(
@@ -188,12 +201,15 @@ def run(cfg: Config) -> dict[str, Any]:
                 "answer",
                 "right?",
                 "runs",
+                "early stop (runs stopped)",
                 "releases installed",
                 "tool's message",
             ],
             rows,
             "Runs: repro executions (ours re-runs inconclusive candidates up to 3 times and "
-            "the boundary pair once). Wall time includes building every environment.",
+            "the boundary pair once). Wall time includes building every environment. "
+            "Early stop: whether bisect-cli could end a run early (--no-early-stop: never) "
+            "and how many of its runs it did end early.",
         ),  # fmt: skip
         table(
             "What the naive loop saw, per release",
@@ -201,6 +217,8 @@ def run(cfg: Config) -> dict[str, Any]:
             naive_rows,
         ),
     ]
+    if out.get("long"):
+        out["tables"].append(_long_table(out["long"]))
     out["naive_loop_script"] = NAIVE_LOOP
     return out
 
@@ -209,7 +227,7 @@ def bundled_runs(runs: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], list
     """The bundled repro's runs: (bisect-cli runs, naive-loop runs)."""
     main = [r for r in runs if r["repro"].startswith("bundled")]
     return (
-        [r for r in main if r["how"].startswith("bisect-cli")],
+        [r for r in main if r["how"].startswith("bisect-cli") and r.get("early_stop", True)],
         [r for r in main if r["how"].startswith("naive")],
     )
 
@@ -263,6 +281,7 @@ def notes(res: dict[str, Any]) -> list[str]:
                 + ". The tool reported a range or an unjudgeable bound instead of blaming a "
                 "release; a longer repro, or --repeats, trades time for certainty."
             )
+    out += _early_notes(res)
     other = [r for r in runs if not r["repro"].startswith("bundled")]
     if other:
         parts = []
@@ -288,6 +307,33 @@ def notes(res: dict[str, Any]) -> list[str]:
     return out
 
 
+def _early_notes(res: dict[str, Any]) -> list[str]:
+    """Wall time with and without early stopping: the fixture, and the long repro."""
+    out = []
+    runs = [r for r in res["runs"] if r["repro"].startswith("bundled")]
+    off = [r for r in runs if r.get("early_stop") is False]
+    warm_on = [r for r in runs if r.get("early_stop") and "warm" in r["how"]]
+    on = warm_on or [r for r in runs if r.get("early_stop")]
+    if off and on:
+        out.append(
+            f"Early stopping on the fixture: {mean_wall(on):.0f} s with it "
+            f"({'warm' if warm_on else 'cold'} uv cache, {on[0]['stopped_early']} runs stopped "
+            f"early), {off[0]['wall_s']:.0f} s without (--no-early-stop, warm uv cache), "
+            f"answers {on[0]['answer']} and {off[0]['answer']}. The fixture's runs take about "
+            "2 s, so building environments dominates and the saving is small."
+        )
+    long = res.get("long")
+    if long:
+        full, early = long
+        out.append(
+            f"On the generated {LONG_S / 60:.0f}-minute repro the run to its end took "
+            f"{full['duration_s']:.0f} s; with early stopping it ended after "
+            f"{early['duration_s']:.0f} s ({early['stopped_early'] or 'not stopped'}): a "
+            "leaking trial costs about half its run once a full run gives the horizon."
+        )
+    return out
+
+
 def _result_rows(runs: list[dict[str, Any]]) -> list[list[Any]]:
     rows = []
     for r in runs:
@@ -295,9 +341,26 @@ def _result_rows(runs: list[dict[str, Any]]) -> list[list[Any]]:
         rows.append(
             [r["repro"], r["how"], secs(r["wall_s"]), answer,
              "yes" if r["right"] else ("no answer" if r["answer"] is None else "**wrong**"),
-             r["runs"], r["installs"], r.get("message") or r["status"]]
+             r["runs"], _early(r), r["installs"], r.get("message") or r["status"]]
         )  # fmt: skip
     return rows
+
+
+def _early(r: dict[str, Any]) -> str:
+    if "early_stop" not in r:
+        return "n/a"  # the naive loop, or results from before early stopping
+    return f"on ({r['stopped_early']})" if r["early_stop"] else "off"
+
+
+def _long_table(long: list[dict[str, Any]]) -> dict[str, Any]:
+    return table(
+        f"A generated repro with a {LONG_S / 60:.0f}-minute run (30 MiB/min leak), one run each",
+        ["how", "script s", "exit", "stopped early"],
+        [[r["how"], secs(r["duration_s"]), r["exit_code"], r["stopped_early"] or "no"]
+         for r in long],  # fmt: skip
+        "Without early stopping the run goes to its end and is the horizon; with it, the "
+        "same run under the settings the service then sends (runners/earlystop.py).",
+    )
 
 
 def _naive_rows(runs: list[dict[str, Any]], versions: list[str]) -> list[list[Any]]:

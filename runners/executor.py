@@ -24,6 +24,9 @@ Outcomes:
   script then exits on its own, ``oom_killed`` is True and the script's own
   exit code is kept.)
 * Past ``timeout_s``: the whole tree is SIGKILLed, ``timed_out=True``.
+* Stopped early: with ``early_stop`` the rule of `runners.earlystop` is looked at every
+  ``look_every_s`` while the script runs; when it fires the tree is ended as for a
+  timeout and ``stopped_early`` says why (``timed_out`` stays False).
 * After the script exits, whatever it left running (double forks, ``setsid``
   daemons, processes in its cgroup) is killed: a trial leaves no processes behind.
   A process that left the trial's memory cgroup is killed on sight. ``cap_notes``
@@ -50,6 +53,7 @@ from typing import IO, Literal
 
 import psutil
 
+from runners.earlystop import should_stop
 from runners.limits import DEFAULT_PIDS_LIMIT, CapMethod, MemoryCap, default_limit_bytes
 from runners.markers import parse_marker
 from runners.nvml import GpuProbe
@@ -57,7 +61,7 @@ from runners.sampler import Sampler
 from runners.sandbox import allowed_env, become_subreaper, scrub
 from runners.supervise import Outcome, Supervised
 from runners.users import Identity, identities
-from runners.wire import Sample
+from runners.wire import EarlyStop, Sample
 
 LOG_TAIL_BYTES = 4096
 STDERR_TAIL_BYTES = 2048
@@ -85,6 +89,7 @@ class Execution:
     cap_notes: list[str] = field(default_factory=list)
     error: str | None = None  # the script could not be started (exit_code is then None)
     pids_limit: int | None = None
+    stopped_early: str | None = None  # why the early-stop rule ended the trial
 
 
 class _Tail:
@@ -246,6 +251,7 @@ class _ScriptRun:
             join=cap.preexec if cap.dirs else None,
         )
         self.timed_out = False
+        self.stopped_early: str | None = None
         self.t0 = 0.0
         self.duration = 0.0
         self.swept = 0
@@ -285,10 +291,33 @@ class _ScriptRun:
         self.cap.trip()
         self.supervised.stop()
 
-    def wait(self, timeout_s: float) -> None:
-        if not self.supervised.wait(timeout_s):
-            self.timed_out = True
-            self.stop()
+    def wait(self, timeout_s: float, early_stop: EarlyStop | None = None) -> None:
+        """Until the script exits, the timeout passes or the early-stop rule fires."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            left = deadline - time.monotonic()
+            chunk = left if early_stop is None else min(left, early_stop.look_every_s)
+            if self.supervised.wait(max(chunk, 0.0)):
+                return
+            if time.monotonic() >= deadline:
+                self.timed_out = True
+                self.stop()
+                return
+            assert early_stop is not None
+            reason = self._look(early_stop)
+            if reason is not None:
+                self.stopped_early = reason
+                self.stop()
+                return
+
+    def _look(self, early_stop: EarlyStop) -> str | None:
+        """One look of the early-stop rule at the samples and markers so far."""
+        samples = list(self.sampler.samples)  # a copy: the sampler thread appends
+        steps = list(self.out.steps)
+        return should_stop(
+            [x.t for x in samples], [x.rss for x in samples], steps, self.cap.limit_bytes,
+            early_stop,
+        )  # fmt: skip
 
     def stop(self) -> None:
         """End the tree now (timeout, interrupt) and wait for the supervisor."""
@@ -354,6 +383,7 @@ class _ScriptRun:
             cap_notes=self.notes(outcome),
             error=outcome.error,
             pids_limit=self.cap.pids_limit or self.pids_limit,
+            stopped_early=self.stopped_early,
         )
 
 
@@ -381,6 +411,7 @@ def run_script(
     on_start: Callable[[TrialKill], None] | None = None,
     run_as: Identity | None | Literal["auto"] = "auto",
     pids_limit: int | None = DEFAULT_PIDS_LIMIT,
+    early_stop: EarlyStop | None = None,
 ) -> Execution:
     """Run ``python script`` in ``cwd`` under its supervisor, a memory cap and the sampler.
 
@@ -392,6 +423,7 @@ def run_script(
     the trial may have at once (`runners.limits.DEFAULT_PIDS_LIMIT`; None: no limit).
     ``on_start`` receives a `TrialKill` once the script runs; calling it (from any
     thread) ends the trial, and this function then returns as for any killed script.
+    ``early_stop``: the early-stop settings (None: run to the end or the timeout).
     """
     limit = memory_limit_bytes if memory_limit_bytes is not None else default_limit_bytes()
     ids = identities()
@@ -407,7 +439,7 @@ def run_script(
         try:
             if on_start is not None:
                 on_start(TrialKill(run.supervised))
-            run.wait(timeout_s)
+            run.wait(timeout_s, early_stop)
         except BaseException:
             # Interrupted (KeyboardInterrupt, a stale lease...): never leave the tree running.
             run.stop()

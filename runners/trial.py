@@ -146,6 +146,7 @@ def _run(
             on_sample=on_sample,
             on_start=on_start,
             run_as=trial_user,
+            early_stop=spec.early_stop,
         )
 
 
@@ -169,6 +170,7 @@ def _report(spec: TrialSpec, env: EnvResult, run: Execution) -> TrialReport:
         gpu_source=run.gpu_source,
         host_source=run.host_source,
         error=run.error,
+        stopped_early=run.stopped_early,
     )
 
 

@@ -76,6 +76,41 @@ class Sample(BaseModel):
     step: int | None = Field(default=None, ge=0, le=1 << 62)  # the last step marker seen
 
 
+class EarlyStop(BaseModel):
+    """How a trial may end early (runners/earlystop.py has the rules).
+
+    The thresholds are the job's classifier settings (service/analysis.py
+    `ClassifierSettings`, same names and defaults); the horizon is the longest run of
+    the job that went to its end (service/specs.py `horizon`), None while there is none.
+    """
+
+    horizon_s: float | None = Field(default=None, gt=0, allow_inf_nan=False)
+    horizon_steps: int | None = Field(default=None, ge=1)
+    # Stop when the trial holds this share of its memory cap with a rising floor.
+    cap_fraction: float = Field(default=0.9, gt=0, le=1)
+    # No leak look before this share of the horizon is observed.
+    min_fraction: float = Field(default=0.5, gt=0, le=1)
+    look_every_s: float = Field(default=5.0, gt=0, allow_inf_nan=False)
+    # The growth's lower bound must clear margin x T.
+    margin: float = Field(default=1.0, gt=0, allow_inf_nan=False)
+    warmup_fraction: float = 0.2
+    warmup_steps: int = 2
+    warmup_step_fraction: float = 0.05
+    min_blocks: int = Field(default=6, ge=3)
+    max_blocks: int = Field(default=30, ge=3)
+    block_samples: int = Field(default=20, ge=1)
+    min_block_samples: int = Field(default=3, ge=1)
+    floor_percentile: float = Field(default=10.0, ge=0, le=100)
+    min_growth_mib: float = Field(default=8.0, ge=0)
+    min_growth_fraction: float = Field(default=0.05, ge=0)
+    confidence: float = Field(default=0.95, gt=0.5, lt=1)
+    late_fraction: float = Field(default=1 / 3, gt=0, le=1)
+    late_min_blocks: int = Field(default=3, ge=2)
+    leak_late_ratio: float = Field(default=0.5, gt=0, le=1)
+    saturation_ratio: float = Field(default=0.35, ge=0, le=1)
+    max_drop_ratio: float = Field(default=1.0, gt=0)
+
+
 class TrialSpec(BaseModel):
     trial_id: int
     attempt: int = 1
@@ -89,6 +124,8 @@ class TrialSpec(BaseModel):
     requires_gpu: bool = False
     # The job's own environment variables for the script; the runner adds only its allowlist.
     variables: dict[str, str] = Field(default_factory=dict)
+    # None: the trial runs to its end (the job turned early stopping off).
+    early_stop: EarlyStop | None = None
 
 
 class TrialReport(BaseModel):
@@ -112,6 +149,8 @@ class TrialReport(BaseModel):
     error: str | None = Field(default=None, max_length=16 * 1024)
     # Resolve trials: the pins of the resolution (None for run trials, or when it failed).
     pins: list[str] | None = Field(default=None, max_length=5000)
+    # Why the runner ended the trial early (runners/earlystop.py); None: it ran to its end.
+    stopped_early: str | None = Field(default=None, max_length=2000)
 
     @model_validator(mode="after")
     def _ordered_in_time(self) -> Self:

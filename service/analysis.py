@@ -73,6 +73,7 @@ from typing import Any
 
 import numpy as np
 
+from runners.floors import block_floors
 from service.verdicts import Verdict
 
 MIB = 1024 * 1024
@@ -304,30 +305,9 @@ def _step_index(t: np.ndarray, steps: Sequence[tuple[float, int]]) -> tuple[np.n
 def _floors(
     x: np.ndarray, v: np.ndarray, n_blocks: int, settings: ClassifierSettings
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Equal-width blocks over x: each usable block's position, floor and wide floor.
-
-    The wide floor is the same percentile over the block and its two neighbours:
-    steadier, and blind to a spike that swallows a whole block, which is what
-    the drop test needs; the Theil-Sen fits keep the plain, independent floors.
-    """
-    lo, hi = float(x[0]), float(x[-1])
-    edges = np.linspace(lo, hi, n_blocks + 1)
-    which = np.clip(np.searchsorted(edges, x, side="right") - 1, 0, n_blocks - 1)
-    groups = [v[which == b] for b in range(n_blocks)]
-    keep = [b for b in range(n_blocks) if len(groups[b]) >= settings.min_block_samples]
-    xs = np.array([float(np.median(x[which == b])) for b in keep])
-    fs = np.array([float(np.percentile(groups[b], settings.floor_percentile)) for b in keep])
-    wide = np.array(
-        [
-            float(
-                np.percentile(
-                    np.concatenate(groups[max(b - 1, 0) : b + 2]), settings.floor_percentile
-                )
-            )
-            for b in keep
-        ]
-    )
-    return xs, fs, wide
+    """Equal-width blocks over x: each usable block's position, floor and wide floor
+    (runners/floors.py, shared with the early-stop rule)."""
+    return block_floors(x, v, n_blocks, settings.min_block_samples, settings.floor_percentile)
 
 
 def _insufficient(reason: str, unit: str, n: int, peak: float | None) -> SeriesAnalysis:

@@ -16,7 +16,7 @@ from sqlmodel import Session
 from runners.limits import default_limit_bytes
 from runners.trial import Executor, Kill
 from runners.wire import Sample, TrialReport, TrialSpec
-from service import queue
+from service import queue, store
 from service.models import Candidate, Job, JobStatus, Trial, TrialKind
 from service.scheduler import advance, cancel
 from service.specs import trial_spec
@@ -99,7 +99,8 @@ def _fill(session: Session, job: Job, trials: "_Running", progress: TrialEvents)
             progress.trial_started(candidate, trial)
         else:
             progress.message(f"resolving the pins of {job.package}=={candidate.version}")
-        trials.start(candidate, trial, _capped(trial_spec(job, candidate, trial), trials.slots))
+        spec = trial_spec(job, candidate, trial, store.trials_of(session, job))
+        trials.start(candidate, trial, _capped(spec, trials.slots))
 
 
 def _capped(spec: TrialSpec, slots: int) -> TrialSpec:

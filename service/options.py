@@ -214,6 +214,12 @@ class JobOptions(SQLModel):
         help="Reuse verdicts of earlier jobs judged under the same conditions "
         "(script, package, version, environment, classifier, hardware class).",
     )
+    early_stop: bool = option(
+        True,
+        flag="--early-stop/--no-early-stop",
+        help="End a run as soon as it is sure to leak, once a run of the job has gone to "
+        "its end (or when it nears the memory cap); clean runs always run to the end.",
+    )
     variables: dict[str, str] = option(
         default_factory=dict,
         flag="--env",

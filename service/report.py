@@ -60,6 +60,8 @@ class RunEvidence(BaseModel):
     duration_s: float | None
     analysis: dict[str, Any] | None
     error: str | None = None  # the line a crashed run ended on
+    # Why the runner ended the run early (runners/earlystop.py); None: it ran to its end.
+    stopped_early: str | None = None
 
 
 class Evidence(BaseModel):
@@ -229,6 +231,7 @@ def evidence(candidate: Candidate, trials: list[Trial]) -> Evidence:
                 duration_s=t.duration_s,
                 analysis=t.analysis,
                 error=run_error(t),
+                stopped_early=(t.analysis or {}).get("stopped_early"),
             )
             for t in runs
         ],

@@ -5,12 +5,25 @@ a repro may honour (the README's script contract): `LEAKBISECT_STEPS`, twice the
 the longest earlier run of the evaluation printed (when it printed step markers), and
 `LEAKBISECT_SECONDS`, twice that run's duration. They are the trial's `hints`; the job's
 own `--env` variables win over them.
+
+Early stopping (runners/earlystop.py) needs the trial's horizon: how long a trial of
+this job runs when nothing stops it. `horizon` takes it from the job's trials that ran
+to their end (finished, exit 0, not stopped early): the longest duration and the
+largest step count. Until one has, the horizon is unknown and only the cap rule can
+stop a trial. The planner runs both bounds first: with one slot (`bisect-cli run`
+with --jobs 1, or a single runner) the good bound runs first, clean, to its end, and
+gives the horizon to every later trial, the bad bound included; with more slots the
+bounds run at once and neither has a horizon (both run to their end unless the cap is
+near), and the trials queued after them get one.
 """
 
 import math
+from collections.abc import Sequence
+from dataclasses import asdict
 
-from runners.wire import EnvSpec, TrialSpec
-from service.models import Candidate, Job, Trial, TrialKind
+from runners.wire import EarlyStop, EnvSpec, TrialSpec
+from service.analysis import ClassifierSettings
+from service.models import Candidate, Job, Trial, TrialKind, TrialStatus
 
 
 def env_spec(job: Job, candidate: Candidate, *, resolving: bool = False) -> EnvSpec:
@@ -39,7 +52,46 @@ def env_spec(job: Job, candidate: Candidate, *, resolving: bool = False) -> EnvS
     )
 
 
-def trial_spec(job: Job, candidate: Candidate, trial: Trial) -> TrialSpec:
+def horizon(trials: Sequence[Trial]) -> tuple[float | None, int | None]:
+    """(seconds, steps) of the longest trials that ran to their end; None: none did."""
+    ended = [
+        t
+        for t in trials
+        if t.kind == TrialKind.RUN
+        and t.status == TrialStatus.DONE
+        and t.exit_code == 0
+        and not t.timed_out
+        and t.duration_s
+        and not (t.analysis or {}).get("stopped_early")
+    ]
+    if not ended:
+        return None, None
+    steps = [int(n) for t in ended if (n := (t.analysis or {}).get("step_count"))]
+    return max(float(t.duration_s or 0.0) for t in ended), max(steps) if steps else None
+
+
+def early_stop(job: Job, trials: Sequence[Trial]) -> EarlyStop | None:
+    """The early-stop settings of a trial of `job` (None when the job turned it off):
+    the job's classifier thresholds and the horizon of its `trials`."""
+    if not job.early_stop:
+        return None
+    seconds, steps = horizon(trials)
+    settings = asdict(ClassifierSettings(**job.classifier))
+    shared = {k: v for k, v in settings.items() if k in EarlyStop.model_fields}
+    return EarlyStop(
+        horizon_s=seconds, horizon_steps=steps, look_every_s=look_every(seconds), **shared
+    )
+
+
+def look_every(seconds: float | None) -> float:
+    """Twenty looks or more over a short horizon (the 2 s fixture), every 5 s over a long one."""
+    return 5.0 if seconds is None else min(5.0, max(0.1, seconds / 20))
+
+
+def trial_spec(
+    job: Job, candidate: Candidate, trial: Trial, trials: Sequence[Trial] = ()
+) -> TrialSpec:
+    """What a runner is told for `trial`; `trials`: the job's trials, for the horizon."""
     assert trial.id is not None
     return TrialSpec(
         trial_id=trial.id,
@@ -53,6 +105,7 @@ def trial_spec(job: Job, candidate: Candidate, trial: Trial) -> TrialSpec:
         sample_hz=job.sample_hz,
         requires_gpu=job.requires_gpu,
         variables={**trial.hints, **job.variables},
+        early_stop=early_stop(job, trials) if trial.kind == TrialKind.RUN else None,
     )
 
 

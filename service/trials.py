@@ -44,7 +44,21 @@ def judge(job: Job, report: TrialReport) -> Judgement:
     )
     analysis = run.to_dict()
     analysis["growth_mib"] = _headline_growth(run.to_dict())
-    return run.verdict, analysis
+    # How many steps it ran: the early-stop horizon of later trials (service/specs.py).
+    analysis["step_count"] = _step_count(report.steps)
+    analysis["stopped_early"] = report.stopped_early
+    verdict = run.verdict
+    if report.stopped_early and not report.oom_killed:
+        # The runner ended it because its rule was sure it leaks (runners/earlystop.py);
+        # the samples say why, cut off where the rule fired.
+        verdict = Verdict.LEAK
+        analysis["verdict"] = verdict.value
+        analysis["reason"] = f"stopped early: {report.stopped_early}"
+    return verdict, analysis
+
+
+def _step_count(steps: list[tuple[float, int]]) -> int | None:
+    return max(s for _, s in steps) - min(s for _, s in steps) + 1 if steps else None
 
 
 def record_report(

@@ -128,7 +128,7 @@ def _try_lease(
         candidate = session.get(Candidate, trial.candidate_id)
         assert job is not None and candidate is not None and trial.lease_expires_at is not None
         return Lease(
-            trial=trial_spec(job, candidate, trial),
+            trial=trial_spec(job, candidate, trial, store.trials_of(session, job)),
             lease_expires_at=trial.lease_expires_at,
             heartbeat_s=settings.heartbeat_s,
         )
