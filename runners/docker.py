@@ -243,7 +243,7 @@ class DockerExecutor:
             container.start()
             t0 = time.monotonic()
             args = WatchArgs(spec.timeout_s, spec.sample_hz, limit, self.cgroup_root,
-                             self.gpu, on_sample)  # fmt: skip
+                             self.gpu, on_sample, spec.early_stop)  # fmt: skip
             return watch(container, args, w, t0)
         finally:
             kill.current(None)

@@ -6,8 +6,10 @@ subprocess executor) and stderr (where `runners.docker_entry` reports the script
 the calling thread samples the container's cgroup (`runners.docker_cgroup`) at the
 trial's rate (50 per second for the first 30 s, as `runners.sampler`), and the GPU from
 the agent's own NVML view by the cgroup's host PIDs. It stops at the exit report, when
-the container dies on its own, at the timeout or when killed, then reads the counters
-once more (the cgroup still exists: the entry holds the container open).
+the container dies on its own, at the timeout, when killed, or when the trial's early-stop
+rule fires (`runners.earlystop`, looked at every `look_every_s` on the samples so far, as
+the subprocess executor does), then reads the counters once more (the cgroup still
+exists: the entry holds the container open).
 
 OOM: ``State.OOMKilled`` *or* a positive ``oom_kill`` counter (the flag alone misses
 kills); an exit 137 with neither is a kill (``-9``), not an OOM.
@@ -24,9 +26,10 @@ from typing import Any
 
 from runners.docker_cgroup import ContainerCgroup, Counters, find
 from runners.docker_entry import EXIT_MARKER
+from runners.earlystop import should_stop
 from runners.executor import Execution, _Output
 from runners.nvml import GpuProbe
-from runners.wire import Sample
+from runners.wire import EarlyStop, Sample
 
 FAST_HZ = 50.0
 FAST_S = 30.0
@@ -71,6 +74,7 @@ class Watch:
     peak: int = 0
     samples: list[Sample] = field(default_factory=list)
     gpu_source: str = "unavailable"
+    stopped_early: str | None = None  # why the early-stop rule ended the run
 
     def exit_report(self, line: bytes) -> bool:
         text = line.decode("utf-8", "replace").strip()
@@ -137,15 +141,21 @@ class WatchArgs:
     cgroup_root: Any
     gpu: GpuProbe | None = None
     on_sample: Callable[[Sample], None] | None = None
+    early_stop: EarlyStop | None = None
 
 
 def _loop(container: Any, cg: ContainerCgroup | None, args: WatchArgs, w: Watch,
           out: _Output, t0: float) -> bool:
     """Sample until the script ends; True when it ran past its timeout."""
+    next_look = 0.0 if args.early_stop is None else args.early_stop.look_every_s
     while not w.done.is_set():
         t = time.monotonic() - t0
         if t > args.timeout_s:
             return True
+        if args.early_stop is not None and t >= next_look:
+            next_look = t + args.early_stop.look_every_s
+            if _look(w, out, args):
+                break
         if cg is not None:
             with out.lock:
                 step = out.steps[-1][1] if out.steps else 0
@@ -163,6 +173,23 @@ def _loop(container: Any, cg: ContainerCgroup | None, args: WatchArgs, w: Watch,
         if w.killed:
             break
     return False
+
+
+def _look(w: Watch, out: _Output, args: WatchArgs) -> bool:
+    """One look of the early-stop rule (as runners/executor.py takes them); True: stop now,
+    and the container is killed as for a timeout."""
+    assert args.early_stop is not None
+    with out.lock:
+        steps = list(out.steps)
+    samples = list(w.samples)
+    reason = should_stop(
+        [s.t for s in samples], [s.rss for s in samples], steps, args.memory_limit_bytes,
+        args.early_stop,
+    )  # fmt: skip
+    if reason is None:
+        return False
+    w.stopped_early, w.killed = reason, True
+    return True
 
 
 def watch(container: Any, args: WatchArgs, w: Watch, t0: float) -> Execution:
@@ -206,6 +233,7 @@ def watch(container: Any, args: WatchArgs, w: Watch, t0: float) -> Execution:
         cgroup_peak_bytes=w.peak or None,
         oom_kill_count=w.oom_kills,
         cap_notes=notes,
+        stopped_early=w.stopped_early,
     )
 
 

@@ -79,6 +79,13 @@ def test_example_finds_1_0_6_visiting_the_same_candidates_as_local(
     assert results["docker"]["first_bad"] == "1.0.6"
     assert results["docker"]["last_good"] == "1.0.5"
     assert visited(results["docker"]) == visited(results["local"])
+    # The boundary pair's leaking runs are stopped early in a container as in a process.
+    for kind in ("local", "docker"):
+        bad = next(e for e in results[kind]["evidence"] if e["version"] == "1.0.6")
+        stops = [r["stopped_early"] for r in bad["runs"]]
+        assert len(stops) == 2, (kind, stops)
+        assert all(s and s.startswith("floor grew at least ") for s in stops), (kind, stops)
+        assert [r["exit_code"] for r in bad["runs"]] == [-9, -9], kind
 
 
 @pytest.fixture
