@@ -7,10 +7,10 @@
 Each is searched by the naive loop of section 5 (`bench.e2e.NAIVE_LOOP`: from the good end,
 one `python -m venv` + `pip install` + run per release until one grows by 8 MiB) and by
 `bisect-cli run` with a warm uv cache (the cache a first, cold run filled; a developer's
-machine has one) and a fresh database, sequentially (`--jobs 1`) and with two trials side
-by side (`--jobs 2`). Early stopping is whatever `bisect-cli run` does by default. Each
-arm's wall time includes building its environments. The quick run does the fixture only,
-one run per arm.
+machine has one) and a fresh database, in three arms: sequentially with every trial run to
+its end (`--jobs 1 --no-early-stop`), sequentially with early stopping (the default), and
+with two trials side by side (`--jobs 2`). Each arm's wall time includes building its
+environments. The quick run does the fixture only, one run per arm.
 """
 
 from __future__ import annotations
@@ -34,9 +34,11 @@ RANGES = [
     ("bundled fixture, 10 releases", FixtureSpec(), "1.0.6"),
     ("generated range, 32 releases", GENERATED, "1.0.21"),
 ]
-JOBS = (1, 2)
+# The bisect-cli arms: sequential without early stopping (every trial to its end), then
+# with it (the default), then two trials side by side.
+ARMS = (("--jobs", "1", "--no-early-stop"), ("--jobs", "1"), ("--jobs", "2"))
 # Warm runs per bisect-cli arm in a full run; the naive loop runs this many times too.
-REPEATS = 3
+REPEATS = 2
 
 
 def _range_runs(cfg: Config, work: Path, label: str, spec: FixtureSpec, expected: str) -> list:
@@ -47,14 +49,15 @@ def _range_runs(cfg: Config, work: Path, label: str, spec: FixtureSpec, expected
         cfg.log(f"speed: {label}: filling the uv cache (cold run, not counted)")
         cold = work / "cold"
         bisect_cli(REPRO, url, cold, None, span=span, expected=expected)
-        for jobs in JOBS:
+        for a, arm in enumerate(ARMS):
+            how = "bisect-cli run " + " ".join(arm)
             for k in range(cfg.pick(REPEATS, 1)):
-                cfg.log(f"speed: {label}: bisect-cli --jobs {jobs}, run {k + 1}")
+                cfg.log(f"speed: {label}: {how}, run {k + 1}")
                 run = bisect_cli(
-                    REPRO, url, work / f"cli-{jobs}-{k}", cold / "cache" / "uv",
-                    span=span, expected=expected, extra=("--jobs", str(jobs)),
+                    REPRO, url, work / f"cli-{a}-{k}", cold / "cache" / "uv",
+                    span=span, expected=expected, extra=arm,
                 )  # fmt: skip
-                runs.append({"range": label, "how": f"bisect-cli run --jobs {jobs}", **run})
+                runs.append({"range": label, "how": how, **run})
         for k in range(cfg.pick(REPEATS, 1)):
             cfg.log(f"speed: {label}: naive loop, run {k + 1}")
             run = naive_loop(REPRO, url, work / f"naive-{k}", versions, expected)
@@ -71,7 +74,8 @@ def run(cfg: Config) -> dict[str, Any]:
     out["tables"] = [
         table(
             "Wall time to the first bad release (mean of the runs; every run's answer)",
-            ["range", "how", "runs", "mean wall s", "naive ÷ this", "answers", "trials"],
+            ["range", "how", "runs", "mean wall s", "naive ÷ this", "answers", "trials",
+             "stopped early"],
             _rows(out["runs"]),
             "naive ÷ this: the naive loop's mean wall time over this arm's, same range, same "
             "run. Trials: repro executions (the naive loop: releases it ran).",
@@ -99,6 +103,7 @@ def summary(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
             "answers": [r["answer"] or r["status"] for r in rs],
             "right": sum(r["right"] for r in rs),
             "trials": [r["runs"] for r in rs],
+            "stopped": [r.get("stopped_early") for r in rs],
         })  # fmt: skip
     return out
 
@@ -107,7 +112,8 @@ def _rows(runs: list[dict[str, Any]]) -> list[list[str]]:
     return [
         [s["range"], s["how"], str(s["n"]), secs(s["wall_s"]),
          "" if s["speedup"] is None or s["how"].startswith("naive") else f"{s['speedup']:.1f}x",
-         ", ".join(s["answers"]), ", ".join(str(t) for t in s["trials"])]
+         ", ".join(s["answers"]), ", ".join(str(t) for t in s["trials"]),
+         "" if s["how"].startswith("naive") else ", ".join(str(n) for n in s["stopped"])]
         for s in summary(runs)
     ]  # fmt: skip
 
