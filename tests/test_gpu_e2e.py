@@ -44,9 +44,12 @@ def bisection(
     index, nvml_dir = gpu_index
     home = reachable_dir("home")
     db = home / "results.db"
+    # Every run to its end: this module pins what the GPU path records over whole runs (both
+    # series judged, 40 GPU samples each). Early stopping, which reads the host series, is
+    # tested end to end in tests/test_run_e2e.py and tests/test_docker_executor.py.
     args = [
         "run", str(REPRO), "--package", "gpuleakfixture", "--range", "0.1.0..0.1.7",
-        "--index-url", index, "--database-url", f"sqlite:///{db}", "--json",
+        "--index-url", index, "--database-url", f"sqlite:///{db}", "--json", "--no-early-stop",
     ]  # fmt: skip
     env = {
         **{k: v for k, v in os.environ.items() if not k.startswith("LEAKBISECT_")},
