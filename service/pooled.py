@@ -41,6 +41,12 @@ Pooled series verdicts, checked in this order:
   one-off step and a slow sawtooth fail these, so pooling cannot add them up into
   a leak (noise alone makes one run in ten of a slow, noisy leak PLATEAU, hence
   "half", not "none").
+- INCONCLUSIVE: the above holds for exactly two runs and not both are LEAK alone.
+  DerSimonian-Laird's between-run variance from two runs is mostly zero whatever the
+  spread (one degree of freedom), so two noisy flat runs that happen to tilt the same
+  way would convict together: 1.7 % false leaks on 40-step flat runs under 10 MiB of
+  noise before this rule (bench/classifier.py, "pooled runs"). Two runs may clear a
+  candidate; convicting takes both alone, or a third run.
 - PLATEAU: the average run rose by its T and even the pooled late slope's upper
   bound is at most `plateau_late_ratio` x the mean rise rate.
 - INCONCLUSIVE: the average run rose by its T, or its last two blocks did: a rise
@@ -245,6 +251,11 @@ def _judge(
         and m["safe"]
         and plateaus * 2 < len(verdicts)
     ):
+        if len(verdicts) == 2 and any(v is not Verdict.LEAK for v in verdicts):
+            return Verdict.INCONCLUSIVE, (
+                f"{trend} ({thr}) looks like a leak together, but of two runs only one "
+                "convicts alone: two runs cannot tell their spread, a third decides"
+            )
         return Verdict.LEAK, f"{trend} ({thr}), still rising at the end ({o(late)} MiB/{per})"
     if m["rise"] >= 1 and m["late_slope_high"] <= s.plateau_late_ratio * m["rise_rate"]:
         return Verdict.PLATEAU, (

@@ -283,3 +283,21 @@ def test_the_example_repro_honours_leakbisect_steps(
         [sys.executable, str(repro)], env=env, capture_output=True, text=True, check=True
     ).stdout
     assert out.splitlines() == ["::leakbisect-step::"] * markers
+
+
+def test_two_runs_convict_only_when_both_do_alone() -> None:
+    # A 1 MiB/step leak under 6 MiB of noise, runs that lean leak together but that not both
+    # call a leak alone: two runs cannot tell their spread, so a third is needed.
+    for seed, alone in ((314, [N, N]), (316, [L, N])):
+        two = [stepped("leak", seed + i, noise_mib=6.0, leak_mib_per_step=1.0) for i in range(2)]
+        assert [r.verdict for r in two] == alone
+        pooled = classify_runs(two)
+        assert (pooled.verdict, pooled.pooled) == (N, N)
+        assert pooled.reason.endswith(
+            "looks like a leak together, but of two runs only one convicts alone: two runs "
+            "cannot tell their spread, a third decides"
+        )
+    # Two runs that each leak alone are a leak together.
+    strong = [stepped("leak", 1), stepped("leak", 2)]
+    assert [r.verdict for r in strong] == [L, L]
+    assert classify_runs(strong).verdict is L
