@@ -26,7 +26,11 @@ MAX_SAMPLE_BYTES = 1 << 50
 # "run": build the candidate's environment and run the script under the sampler.
 # "resolve": only resolve the candidate's requirements (`uv pip compile`) and report the pins
 # every other candidate is then held at; resolution may build sdists, so it runs on a runner.
-TrialKind = Literal["run", "resolve"]
+# "attribute": run the script once more under an allocation tracer (`TrialSpec.trace`) and
+# report per-stack growth (`TrialReport.attribution`); never judged, never a verdict.
+TrialKind = Literal["run", "resolve", "attribute"]
+# The allocation tracers of an attribute trial: Python stacks, or native stacks (memray).
+Tracer = Literal["tracemalloc", "memray"]
 
 
 class EnvSpec(BaseModel):
@@ -47,6 +51,12 @@ class EnvSpec(BaseModel):
     # The constraints are the user's whole environment (`--base-env`): install every one
     # of them too, and leave only the pins a candidate cannot have (runners/envs.py).
     base_env: bool = False
+    # With `base_env`: hold every pin exactly (a `--from/--to` mix): a mix that uv cannot
+    # resolve fails to build (`EnvResult.unresolvable`), a skip; no pin is ever loosened.
+    strict: bool = False
+    # Build the package from this direct reference instead of `package==version`
+    # (`--commits`): `git+URL@SHA`, or `git+file:///clone@SHA` (`bisect-cli run` only).
+    source: str | None = Field(default=None, max_length=2000)
 
 
 class EnvResult(BaseModel):
@@ -63,6 +73,8 @@ class EnvResult(BaseModel):
     reused: bool = False
     seconds: float = 0.0
     error: str | None = None
+    # uv found no solution for the pins (a strict mix): the mix is invalid, not guilty.
+    unresolvable: bool = False
 
 
 class Sample(BaseModel):
@@ -126,6 +138,8 @@ class TrialSpec(BaseModel):
     variables: dict[str, str] = Field(default_factory=dict)
     # None: the trial runs to its end (the job turned early stopping off).
     early_stop: EarlyStop | None = None
+    # Attribute trials: the tracer to run the script under (runners/tracing.py).
+    trace: Tracer | None = None
 
 
 class TrialReport(BaseModel):
@@ -151,6 +165,8 @@ class TrialReport(BaseModel):
     pins: list[str] | None = Field(default=None, max_length=5000)
     # Why the runner ended the trial early (runners/earlystop.py); None: it ran to its end.
     stopped_early: str | None = Field(default=None, max_length=2000)
+    # Attribute trials: the tracer's per-stack profile (runners/attribution.py `Profile`).
+    attribution: dict[str, Any] | None = None
 
     @model_validator(mode="after")
     def _ordered_in_time(self) -> Self:
