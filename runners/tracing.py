@@ -1,0 +1,85 @@
+"""The runner's side of an attribute trial: the tracer's environment, helper and profile.
+
+An attribute trial runs the script as `runners/tracehelper.py` says, under the same cap,
+sampler and sandbox as any run. The helper is copied into the trial's private directory
+beside the script (the trial's interpreter cannot import leakbisect); memray is added to
+the trial's environment only (a separate environment, never the user's), and when it
+does not install the trial still ends, with the reason as its profile's ``error``.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from runners.wire import EnvResult, EnvSpec, Tracer, TrialSpec
+
+MEMRAY_REQUIREMENT = "memray"
+HELPER_NAME = ".leakbisect-trace.py"
+PROFILE_NAME = ".leakbisect-profile.json"
+MAX_PROFILE_BYTES = 4 * 1024 * 1024
+
+
+def traced_env(env: EnvSpec, tracer: Tracer) -> EnvSpec:
+    """The environment the trial runs in: `env`, plus memray for the memray tracer."""
+    if tracer != "memray":
+        return env
+    return env.model_copy(update={"requirements": [*env.requirements, MEMRAY_REQUIREMENT]})
+
+
+def helper_source() -> str:
+    return (Path(__file__).parent / "tracehelper.py").read_text()
+
+
+def helper_args(tracer: Tracer, profile: Path, script: Path) -> list[str]:
+    """What follows the helper on the command line: ``TRACER OUT SCRIPT``."""
+    return [tracer, str(profile), str(script)]
+
+
+def tracer_of(spec: TrialSpec) -> Tracer | None:
+    return spec.trace if spec.kind == "attribute" else None
+
+
+def env_of(spec: TrialSpec) -> EnvSpec:
+    """The environment a trial builds: its own, plus memray for a memray trial."""
+    tracer = tracer_of(spec)
+    return traced_env(spec.env, tracer) if tracer else spec.env
+
+
+def failed_build(spec: TrialSpec, env: EnvResult) -> dict[str, Any] | None:
+    """The profile of a trial whose environment did not build: memray's install said why."""
+    return not_installed("memray", env.error) if tracer_of(spec) == "memray" else None
+
+
+def read_profile(path: Path) -> dict[str, Any]:
+    """The profile the helper wrote, or ``{"error": why}``; never more than the cap."""
+    try:
+        size = path.stat().st_size
+        return parse_profile(None if size > MAX_PROFILE_BYTES else path.read_bytes(), size)
+    except FileNotFoundError:
+        return parse_profile(None)
+    except OSError as exc:
+        return {"error": f"the profile could not be read: {exc}"}
+
+
+def parse_profile(data: bytes | None, size: int | None = None) -> dict[str, Any]:
+    """The profile in `data`, or ``{"error": why}``: None with no `size` when there was no
+    file; `size` its length when `data` was not read (None) or read only up to the cap."""
+    size = len(data) if size is None and data is not None else size
+    if size is not None and size > MAX_PROFILE_BYTES:
+        return {"error": f"the profile is {size} bytes; at most {MAX_PROFILE_BYTES}"}
+    if data is None:
+        return {"error": "the traced run wrote no profile (it was killed or exited early)"}
+    try:
+        parsed = json.loads(data)
+    except ValueError as exc:
+        return {"error": f"the profile could not be read: {exc}"}
+    return parsed if isinstance(parsed, dict) else {"error": "the profile is not an object"}
+
+
+def not_installed(tracer: Tracer, error: str | None) -> dict[str, Any]:
+    """The profile of a trial whose tracer did not install: uv's line that names it."""
+    lines = [line.strip() for line in (error or "").splitlines() if line.strip()]
+    named = [line for line in lines if tracer in line] or lines or ["no reason given"]
+    return {"tracer": tracer, "error": f"{tracer} did not install: {named[0][:300]}"}
