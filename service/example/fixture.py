@@ -38,8 +38,11 @@ from __future__ import annotations
 import base64
 import hashlib
 import json
+import platform
+import subprocess
+import tempfile
 import zipfile
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -80,11 +83,17 @@ class FixtureSpec:
     spike_every: int = 10
     cache_kib: int = 4096
     cache_fill_steps: int = 8
+    # How a leaking release leaks: "python" (a bytearray kept, visible to tracemalloc) or
+    # "native" (malloc without free in a tiny C library built with the system's cc and
+    # called through ctypes: only memray's native stacks see it).
+    leak_via: str = "python"
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "versions", tuple(self.versions))
         object.__setattr__(self, "noise", tuple(self.noise))
         object.__setattr__(self, "yanked", MappingProxyType(dict(self.yanked)))
+        if self.leak_via not in ("python", "native"):
+            raise ValueError(f"leak_via must be 'python' or 'native', not {self.leak_via!r}")
         unknown = set(self.noise) - {"spikes", "cache", "churn"}
         if unknown:
             raise ValueError(f"unknown noise kinds: {', '.join(sorted(unknown))}")
@@ -106,9 +115,18 @@ class FixtureSpec:
     def upload_time(self, version: str) -> datetime:
         return self.upload_start + timedelta(days=self.all_versions().index(version))
 
+    def wheel_tag(self, version: str) -> str:
+        if version == self.foreign_only:
+            return FOREIGN_TAG
+        return native_tag() if self.leak_via == "native" else PURE_TAG
+
     def wheel_filename(self, version: str) -> str:
-        tag = FOREIGN_TAG if version == self.foreign_only else PURE_TAG
-        return f"{NAME}-{Version(version)}-{tag}.whl"
+        return f"{NAME}-{Version(version)}-{self.wheel_tag(version)}.whl"
+
+
+def native_tag() -> str:
+    """The tag of a wheel holding a library built here, for this machine only."""
+    return f"py3-none-linux_{platform.machine()}"
 
 
 _MODULE_TEMPLATE = '''\
@@ -159,8 +177,51 @@ def step():
 '''
 
 
+_NATIVE_LEAK = "_retained.append(_touched(LEAK_BYTES))"
+_NATIVE_TEMPLATE = '''
+
+import ctypes
+import os
+
+_lib = ctypes.CDLL(os.path.join(os.path.dirname(__file__), "_leak.so"))
+_lib.leak.restype = ctypes.c_void_p
+_lib.leak.argtypes = [ctypes.c_size_t]
+
+
+def _native(n):
+    # malloc and a memset in C, never freed: no Python allocator sees it.
+    return _lib.leak(n)
+'''
+NATIVE_C = """\
+#include <stdlib.h>
+#include <string.h>
+
+void *leak(size_t n) {
+    void *p = malloc(n);
+    if (p) memset(p, 0xa5, n);
+    return p;
+}
+"""
+
+
 def module_source(spec: FixtureSpec, version: str) -> str:
     """The `leakyfixture/__init__.py` of one release."""
+    source = _module_source(spec, version)
+    if spec.leak_via == "native":
+        source = source.replace(_NATIVE_LEAK, "_native(LEAK_BYTES)") + _NATIVE_TEMPLATE
+    return source
+
+
+def native_library(workdir: Path) -> bytes:
+    """`_leak.so`, built from `NATIVE_C` with the system's C compiler (cc)."""
+    c = workdir / "leak.c"
+    c.write_text(NATIVE_C)
+    out = workdir / "_leak.so"
+    subprocess.run(["cc", "-shared", "-fPIC", "-g", "-O1", "-o", str(out), str(c)], check=True)
+    return out.read_bytes()
+
+
+def _module_source(spec: FixtureSpec, version: str) -> str:
     return _MODULE_TEMPLATE.format(
         version=str(Version(version)),
         leaks=spec.leaks(version),
@@ -187,8 +248,11 @@ def pack_wheel(
     tag: str = PURE_TAG,
     summary: str,
     requires_python: str | None = None,
+    requires_dist: Sequence[str] = (),
 ) -> Path:
     """Write a wheel of `files` (archive path -> content) with its METADATA, WHEEL and RECORD.
+
+    `requires_dist`: one `Requires-Dist:` line each (PEP 508 strings, written as given).
 
     Reproducible: fixed zip timestamps and modes, so the same input gives the same bytes.
     """
@@ -197,6 +261,7 @@ def pack_wheel(
     metadata = ["Metadata-Version: 2.1", f"Name: {name}", f"Version: {norm}", f"Summary: {summary}"]
     if requires_python:
         metadata.append(f"Requires-Python: {requires_python}")
+    metadata.extend(f"Requires-Dist: {req}" for req in requires_dist)
     wheel = [
         "Wheel-Version: 1.0",
         "Generator: leakbisect-fixture",
@@ -221,14 +286,18 @@ def pack_wheel(
     return path
 
 
-def write_wheel(dest: Path, spec: FixtureSpec, version: str) -> Path:
-    """Write one release's wheel into `dest` and return its path."""
+def write_wheel(dest: Path, spec: FixtureSpec, version: str, native: bytes = b"") -> Path:
+    """Write one release's wheel into `dest` and return its path; `native`: `_leak.so`
+    (for `leak_via="native"`)."""
+    files = {f"{NAME}/__init__.py": module_source(spec, version).encode()}
+    if spec.leak_via == "native":
+        files[f"{NAME}/_leak.so"] = native
     return pack_wheel(
         dest / spec.wheel_filename(version),
         NAME,
         version,
-        {f"{NAME}/__init__.py": module_source(spec, version).encode()},
-        tag=FOREIGN_TAG if version == spec.foreign_only else PURE_TAG,
+        files,
+        tag=spec.wheel_tag(version),
         summary="Synthetic releases for leakbisect tests; leaks from a known version on.",
         requires_python=spec.requires_python,
     )
@@ -253,8 +322,12 @@ def build_fixture(dest: Path, spec: FixtureSpec | None = None) -> Path:
         if version not in spec.all_versions():
             raise ValueError(f"yanked version {version} is not one of the fixture's releases")
     meta: dict[str, dict[str, object]] = {}
+    native = b""
+    if spec.leak_via == "native":
+        with tempfile.TemporaryDirectory() as work:
+            native = native_library(Path(work))
     for version in spec.all_versions():
-        path = write_wheel(dest, spec, version)
+        path = write_wheel(dest, spec, version, native)
         meta[path.name] = {
             "requires_python": spec.requires_python,
             "yanked": spec.yanked.get(version, False),

@@ -276,13 +276,13 @@ def _handler(wheel_dir: Path) -> type[BaseHTTPRequestHandler]:
 
 
 @contextmanager
-def serve_index(wheel_dir: Path) -> Iterator[str]:
-    """Serve `wheel_dir` on 127.0.0.1 (a free port) while the block runs.
+def serve_index(wheel_dir: Path, port: int = 0) -> Iterator[str]:
+    """Serve `wheel_dir` on 127.0.0.1 (`port`; 0: a free one) while the block runs.
 
     Yields the index URL, `http://127.0.0.1:PORT/simple`. The directory is re-read
     on every request, so files added while serving show up.
     """
-    server = ThreadingHTTPServer(("127.0.0.1", 0), _handler(Path(wheel_dir)))
+    server = ThreadingHTTPServer(("127.0.0.1", port), _handler(Path(wheel_dir)))
     server.daemon_threads = True
     thread = threading.Thread(
         target=server.serve_forever, args=(0.05,), name="leakyfixture-index", daemon=True
