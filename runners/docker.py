@@ -10,6 +10,13 @@ Same interface as the local executor (`runners.trial.Executor`). Per trial
    into its per-trial volume before it starts; `runners.docker_watch` samples its cgroup
    and reads the verdict of the kernel's OOM killer before the container goes.
 
+An ``"attribute"`` trial (`runners.tracing`) builds the traced environment (memray added
+for the memray tracer; when it does not install, the report's ``attribution`` says so),
+puts the tracer's helper into the run container's volume beside the script (the trial
+user's, as the script is), runs the script under it, and copies the profile the helper
+wrote out of the stopped container (at most `runners.tracing.MAX_PROFILE_BYTES`) into
+``attribution``, read as the local executor reads it.
+
 Each container is removed (with its anonymous volume) once its output and state are read.
 Containers carry the labels ``leakbisect.runner`` and ``leakbisect.trial``; a starting
 executor removes every container labelled with its runner name (left by a runner that was
@@ -29,10 +36,12 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from runners import tracing
 from runners.docker_cgroup import DEFAULT_ROOT
 from runners.docker_spec import (
     LABEL_RUNNER,
     TRIAL_UID,
+    WORK,
     DockerSettings,
     build_kwargs,
     parse_result,
@@ -46,12 +55,14 @@ from runners.limits import default_limit_bytes
 from runners.nvml import GpuProbe
 from runners.sandbox import check_variables
 from runners.trial import Kill, _report
-from runners.wire import EnvResult, Sample, TrialReport, TrialSpec
+from runners.wire import EnvResult, EnvSpec, Sample, TrialReport, TrialSpec
 
 DEFAULT_IMAGE = "leakbisect-runner:latest"
 IMAGE_ENV = "BISECT_RUNNER_IMAGE"
 DEFAULT_CACHE_VOLUME = "leakbisect-cache"
 BUILD_HINT = "build it with dockerfiles/build-base.sh && uv run python -m runners.docker_images"
+# The tar around a profile copied out of a container: its headers and padding.
+TAR_SLACK = 64 * 1024
 
 
 def _engine() -> Any:
@@ -177,26 +188,29 @@ class DockerExecutor:
         kill = _TrialKill()
         if on_start is not None:
             on_start(kill)
-        result = self._build(spec, kill, log)
+        tracer = tracing.tracer_of(spec)
+        result = self._build(spec, tracing.env_of(spec), kill, log)
         if spec.kind == "resolve":
             return _resolve_report(spec, result)
         env = EnvResult.model_validate(result) if "ok" in result else _failed(result)
         if not env.ok or env.python_executable is None or kill.killed:
+            profile = None if env.ok or kill.killed else tracing.failed_build(spec, env)
             return TrialReport(trial_id=spec.trial_id, attempt=spec.attempt, env=env,
-                               error="killed" if kill.killed else None)  # fmt: skip
+                               error="killed" if kill.killed else None,
+                               attribution=profile)  # fmt: skip
         try:
-            run = self._run(spec, env.python_executable, kill, on_sample)
+            run, profile = self._run(spec, env.python_executable, kill, on_sample, tracer)
         except InvalidInput as exc:  # a BISECT_* variable: nothing ran
             return TrialReport(
                 trial_id=spec.trial_id, attempt=spec.attempt, env=env, error=exc.detail()
             )
-        return _report(spec, env, run)
+        return _report(spec, env, run).model_copy(update={"attribution": profile})
 
-    def _build(self, spec: TrialSpec, kill: _TrialKill, log: Callable[[str], None] | None
-               ) -> dict[str, Any]:
+    def _build(self, spec: TrialSpec, env: EnvSpec, kill: _TrialKill,
+               log: Callable[[str], None] | None) -> dict[str, Any]:
         """The build container's JSON answer (an `EnvResult`, or pins), or an error."""
         started = time.monotonic()
-        kwargs = build_kwargs(self.settings, spec.trial_id, spec.attempt, spec.kind, spec.env)
+        kwargs = build_kwargs(self.settings, spec.trial_id, spec.attempt, spec.kind, env)
         container = self.client.containers.run(**kwargs)
         kill.current(container)
         try:
@@ -225,45 +239,84 @@ class DockerExecutor:
         return [d["uuid"] for d in self.gpu.describe()["devices"] if d.get("uuid")]
 
     def _run(self, spec: TrialSpec, python: str, kill: _TrialKill,
-             on_sample: Callable[[Sample], None] | None) -> Execution:
+             on_sample: Callable[[Sample], None] | None, tracer: str | None = None
+             ) -> tuple[Execution, dict[str, Any] | None]:
+        """The run container to its end; with `tracer`, the profile it left (or why none)."""
         check_variables(spec.variables)
         limit = spec.memory_limit_bytes or default_limit_bytes()
         name = Path(spec.script_name).name or "repro.py"
         kwargs = run_kwargs(
             self.settings, spec.trial_id, spec.attempt, python=python, script_name=name,
             memory_limit_bytes=limit, variables=spec.variables,
-            gpu_uuids=self._gpu_uuids() if spec.requires_gpu else None,
+            gpu_uuids=self._gpu_uuids() if spec.requires_gpu else None, tracer=tracer,
         )  # fmt: skip
         kwargs.pop("detach")
         container = self.client.containers.create(**kwargs)
         try:
-            container.put_archive("/trial", _trial_tar(name, spec.script))
+            helper = tracing.helper_source() if tracer else None
+            container.put_archive("/trial", _trial_tar(name, spec.script, helper))
             w = Watch()
             kill.current(container, w)
             container.start()
             t0 = time.monotonic()
             args = WatchArgs(spec.timeout_s, spec.sample_hz, limit, self.cgroup_root,
                              self.gpu, on_sample, spec.early_stop)  # fmt: skip
-            return watch(container, args, w, t0)
+            run = watch(container, args, w, t0)
+            return run, (_profile(container) if tracer else None)
         finally:
             kill.current(None)
             _remove(container)
 
 
-def _trial_tar(name: str, script: str) -> io.BytesIO:
-    """work/ (0700), work/home, work/tmp and work/<script>, all the trial user's."""
+def _trial_tar(name: str, script: str, helper: str | None = None) -> io.BytesIO:
+    """work/ (0700), work/home, work/tmp and work/<script> (with `helper`, also
+    work/<`tracing.HELPER_NAME`>), all the trial user's."""
     buf = io.BytesIO()
     with tarfile.open(fileobj=buf, mode="w") as tar:
         for d in ("work", "work/home", "work/tmp"):
             info = tarfile.TarInfo(d)
             info.type, info.mode, info.uid, info.gid = tarfile.DIRTYPE, 0o700, TRIAL_UID, TRIAL_UID
             tar.addfile(info)
-        data = script.encode()
-        info = tarfile.TarInfo(f"work/{name}")
-        info.size, info.mode, info.uid, info.gid = len(data), 0o600, TRIAL_UID, TRIAL_UID
-        tar.addfile(info, io.BytesIO(data))
+        files = [(name, script)] + ([(tracing.HELPER_NAME, helper)] if helper is not None else [])
+        for file_name, text in files:
+            data = text.encode()
+            info = tarfile.TarInfo(f"work/{file_name}")
+            info.size, info.mode, info.uid, info.gid = len(data), 0o600, TRIAL_UID, TRIAL_UID
+            tar.addfile(info, io.BytesIO(data))
     buf.seek(0)
     return buf
+
+
+def _profile(container: Any) -> dict[str, Any]:
+    """The profile the helper wrote in the (stopped) run container, read as
+    `tracing.read_profile` reads a file: no file, one past the cap, or not JSON is an error."""
+    from docker.errors import NotFound
+
+    try:
+        stream, stat = container.get_archive(f"{WORK}/{tracing.PROFILE_NAME}")
+    except NotFound:
+        return tracing.parse_profile(None)
+    except Exception as exc:  # noqa: BLE001 - the engine's error, in the profile
+        return {"error": f"the profile could not be read: {str(exc)[:300]}"}
+    size = int(stat.get("size") or 0)
+    if size > tracing.MAX_PROFILE_BYTES:
+        return tracing.parse_profile(b"", size)
+    buf = bytearray()
+    for chunk in stream:
+        buf += chunk
+        if len(buf) > tracing.MAX_PROFILE_BYTES + TAR_SLACK:  # not the file stat said
+            stream.close()
+            return {"error": "the profile could not be read: it is not a plain file"}
+    try:
+        with tarfile.open(fileobj=io.BytesIO(bytes(buf))) as tar:
+            member = tar.next()
+            if member is None or not member.isfile():
+                return {"error": "the profile could not be read: it is not a plain file"}
+            f = tar.extractfile(member)
+            data = f.read(tracing.MAX_PROFILE_BYTES + 1) if f is not None else b""
+    except (tarfile.TarError, OSError) as exc:
+        return {"error": f"the profile could not be read: {exc}"}
+    return tracing.parse_profile(data)
 
 
 def _remove(container: Any) -> None:

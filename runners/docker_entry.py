@@ -3,6 +3,7 @@
     python -m runners.docker_entry build ENV_ROOT SPEC_JSON     (build phase, host network)
     python -m runners.docker_entry resolve ENV_ROOT SPEC_JSON   (build phase)
     python -m runners.docker_entry run PYTHON SCRIPT            (run phase, no network)
+    python -m runners.docker_entry run PYTHON SCRIPT TRACER     (run phase, attribute trial)
 
 ``build`` builds (or reuses) the candidate's environment under ENV_ROOT with uv
 (`runners.envs.build_env`) and prints the `EnvResult` as one JSON line on stdout; uv's
@@ -14,6 +15,12 @@ prints ``::leakbisect-exit:: CODE`` on stderr (negative: killed by that signal) 
 up to `HOLD_S` seconds for the agent to stop the container: the agent reads the cgroup's
 ``oom_kill`` counter while the cgroup still exists (it is removed with the container, and
 ``State.OOMKilled`` alone is unreliable).
+
+With TRACER (``tracemalloc`` or ``memray``: an attribute trial) ``run`` runs
+``PYTHON HELPER TRACER PROFILE SCRIPT`` instead, where HELPER (`runners.tracing.HELPER_NAME`,
+the agent's copy of `runners/tracehelper.py`) and PROFILE (`runners.tracing.PROFILE_NAME`,
+which the helper writes) are in the script's directory; the agent copies PROFILE out of
+the stopped container.
 """
 
 from __future__ import annotations
@@ -27,6 +34,7 @@ from pathlib import Path
 
 EXIT_MARKER = "::leakbisect-exit::"
 HOLD_S = 30.0
+TRACERS = ("tracemalloc", "memray")  # `runners.wire.Tracer`
 
 
 def _build(kind: str, env_root: str, spec_json: str) -> int:
@@ -54,8 +62,15 @@ def _build(kind: str, env_root: str, spec_json: str) -> int:
     return 0
 
 
-def _run(python: str, script: str) -> int:
-    child = subprocess.Popen([python, script], cwd=str(Path(script).parent))
+def _run(python: str, script: str, tracer: str | None = None) -> int:
+    command = [python, script]
+    if tracer is not None:
+        from runners import tracing
+
+        work = Path(script).parent
+        args = tracing.helper_args(tracer, work / tracing.PROFILE_NAME, Path(script))
+        command = [python, str(work / tracing.HELPER_NAME), *args]
+    child = subprocess.Popen(command, cwd=str(Path(script).parent))
 
     def forward(signum: int, _frame: object) -> None:
         if child.poll() is None:
@@ -74,6 +89,8 @@ def main(argv: list[str]) -> int:
         return _build(argv[0], argv[1], argv[2])
     if len(argv) == 3 and argv[0] == "run":
         return _run(argv[1], argv[2])
+    if len(argv) == 4 and argv[0] == "run" and argv[3] in TRACERS:
+        return _run(argv[1], argv[2], argv[3])
     print(__doc__, file=sys.stderr)
     return 2
 

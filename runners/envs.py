@@ -15,6 +15,21 @@ environment (`EnvSpec.base_env`, from `--base-env`) installs every pinned packag
 not only what the candidate needs, and leaves only the pins uv's error names
 (`_Build.install_base`), noting each version that changed.
 
+A strict mix (`EnvSpec.strict`, with `base_env`; delta debugging between two
+environments) installs every pin exactly, in one ``uv pip install`` with every
+name (``-r``) held at its pin (``-c``), and never loosens one: when uv finds no
+solution the build is ``ok=False, unresolvable=True`` with uv's reason on one
+line (the mix is invalid, a skip), any other failure ``ok=False`` as usual; a
+mix that builds has resolution ``"strict"``.
+
+A source build (`EnvSpec.source`, ``git+URL@REV``) installs
+``package @ git+URL@REV`` instead of ``package==version``, everything else as
+usual: uv clones (into its cache) and builds the commit, with ``git`` as the
+build user. A local clone (``git+file:///clone@REV``) must be readable by the
+build user (an `EnvError` names what blocks), and is trusted by git although
+another user owns it (`_trust_clone`). A commit that does not build is
+``ok=False`` with uv's message (a skip for the caller).
+
 `build_env` raises `EnvError` for a spec that is wrong in itself (a
 requirement that does not parse, a Python that is not installed); a candidate
 that uv cannot install is an `EnvResult` with ``ok=False`` and uv's message.
@@ -107,8 +122,13 @@ def spec_hash(spec: EnvSpec) -> str:
         data["exclude_newer"] = _iso(spec.exclude_newer)
     if spec.python is None:
         data["python"] = running_python()
-    if not spec.base_env:  # environments built before base environments keep their names
+    # Environments built before these fields existed keep their names.
+    if not spec.base_env:
         del data["base_env"]
+    if not spec.strict:
+        del data["strict"]
+    if spec.source is None:
+        del data["source"]
     blob = json.dumps(data, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
@@ -199,14 +219,37 @@ def _parse_requirement(text: str, what: str = "requirement") -> Requirement:
         raise EnvError(f"{what} {text!r} does not parse: {reason}") from None
 
 
+def _source_parts(source: str) -> tuple[str, str]:
+    """``git+URL@REV`` -> (URL, REV); `EnvError` for anything else.
+
+    The revision's ``@`` is the last one after the URL's host (``git+ssh://git@host/x@rev``
+    has one in the host part too).
+    """
+    bad = EnvError(f"source {source!r} is not a git+URL@REV reference", field="source")
+    if not source.startswith("git+") or "://" not in source or any(c.isspace() for c in source):
+        raise bad
+    scheme, _, rest = source[len("git+") :].partition("://")
+    host, slash, path = rest.partition("/")
+    url, at, rev = path.rpartition("@")
+    if not scheme or not slash or not at or not url.strip("/") or not rev:
+        raise bad
+    return f"{scheme}://{host}/{url}", rev
+
+
 def _validate(spec: EnvSpec) -> tuple[str, list[str]]:
-    """Check a spec; return the candidate's pin and the constraints to pass on."""
+    """Check a spec; return the candidate's requirement and the constraints to pass on."""
     if not spec.package or not re.fullmatch(
         r"[A-Za-z0-9]([A-Za-z0-9._-]*[A-Za-z0-9])?", spec.package
     ):
         raise EnvError(f"package {spec.package!r} is not a valid project name")
+    if spec.strict and not spec.base_env:
+        raise EnvError("strict holds a base environment's pins: it needs base_env", field="strict")
     pin = f"{spec.package}=={spec.version}"
     _parse_requirement(pin)
+    if spec.source is not None:
+        _source_parts(spec.source)
+        pin = f"{spec.package} @ {spec.source}"
+        _parse_requirement(pin, "source")
     for req in spec.requirements:
         _parse_requirement(req)
     own = canonicalize_name(spec.package)
@@ -268,6 +311,44 @@ def _check_find_links(spec: EnvSpec, ids: Identities) -> None:
             )
 
 
+def _check_source(spec: EnvSpec, ids: Identities) -> None:
+    """A local clone (``git+file://``) must be readable by the build user, who runs git."""
+    if spec.source is None or not spec.source.startswith("git+file://"):
+        return
+    url, _ = _source_parts(spec.source)
+    path = Path(url.removeprefix("file://"))
+    reason = blocked_by(path, ids.build, "rx")
+    if reason is None and path.exists() and not path.is_dir():
+        reason = f"{path} is not a directory"
+    if reason is not None:
+        raise EnvError(
+            f"source {spec.source} is not readable by {ids.build or 'the runner'}: {reason}; "
+            "put the clone in a directory every user can read",
+            field="source",
+        )
+
+
+def _trust_clone(spec: EnvSpec, home: Path, ids: Identities) -> None:
+    """Let git, as the build user, read a local clone another user owns.
+
+    uv runs ``git fetch`` from the clone as the build user, and git refuses a repository
+    another user owns ("dubious ownership"). That check guards against a repository's own
+    config running code as whoever reads it; here the build user runs the clone's build
+    backend anyway, so trusting that one path gives it nothing new. The setting goes in the
+    build's private HOME (``.gitconfig``): git drops command-line config
+    (``GIT_CONFIG_COUNT``) from the upload-pack it starts for a local fetch.
+    """
+    if spec.source is None or not spec.source.startswith("git+file://"):
+        return
+    url, _ = _source_parts(spec.source)
+    clone = os.path.realpath(url.removeprefix("file://"))
+    paths = [clone, os.path.join(clone, ".git")]
+    # git config quoting: backslash and double quote escaped (whitespace is refused earlier).
+    quoted = ['"' + p.replace("\\", "\\\\").replace('"', '\\"') + '"' for p in paths]
+    text = "[safe]\n" + "".join(f"\tdirectory = {q}\n" for q in quoted)
+    give(home / ".gitconfig", ids.build, 0o644, text)
+
+
 def index_args(spec: EnvSpec) -> list[str]:
     """uv's index, find-links, pre-release and exclude-newer flags for `spec`."""
     args: list[str] = []
@@ -300,7 +381,9 @@ def resolve_pins(spec: EnvSpec, *, cache_dir: Path | None = None) -> list[str]:
     cache = Path(cache_dir) if cache_dir is not None else default_cache_dir()
     shared_dir(cache, ids.build, [], "uv cache")
     _check_find_links(spec, ids)
+    _check_source(spec, ids)
     with private_dir(ids.build, "leakbisect-pins-") as tmp:
+        _trust_clone(spec, tmp, ids)
         reqs = give(tmp / "requirements.in", ids.build, 0o644, "\n".join([pin, *spec.requirements]))
         cmd = [
             uv_bin(), "pip", "compile", str(reqs),
@@ -436,6 +519,10 @@ class _Build:
             _remove(venv)
             return self.result(ok=False, error=meaningful(proc.stderr) or "uv venv failed")
         proc, resolution, note = self.install(pin, constraints)
+        if proc.returncode != 0 and resolution == "strict" and NO_SOLUTION in proc.stderr:
+            _remove(venv)  # an invalid mix: a skip for the caller, not the candidate's fault
+            reason = one_line_reason(proc.stderr)
+            return self.result(ok=False, error=reason, resolution=resolution, unresolvable=True)
         if proc.returncode != 0:
             _remove(venv)
             message = meaningful(proc.stderr) or f"uv pip install exited with {proc.returncode}"
@@ -464,6 +551,8 @@ class _Build:
                 *index_args(spec)]  # fmt: skip
         released = spec.exclude_newer is not None
         resolution = "as-released" if released else "free"
+        if spec.strict:
+            return self.install_strict(args, constraints)
         if spec.base_env:
             return self.install_base(args, constraints)
         if not spec.constraints:
@@ -479,6 +568,26 @@ class _Build:
         self.say(note)
         return self.uv(*args, timeout=INSTALL_TIMEOUT_S), resolution, note
 
+    def names_file(self, held: dict[str, str]) -> Path:
+        """The base environment's names, one a line, for ``-r``: every package is installed."""
+        # A file: a base environment has thousands of packages.
+        names = self.venv / BASE_FILE
+        names.write_text("".join(f"{n}\n" for n in held))
+        return names
+
+    def install_strict(
+        self, args: list[str], constraints: list[str]
+    ) -> tuple[subprocess.CompletedProcess[str], str, str | None]:
+        """A mix (`EnvSpec.strict`): every pin installed exactly, once; nothing is loosened.
+
+        The caller (`build`) turns uv's "no solution" into ``unresolvable``.
+        """
+        held = dict(_pinned(c) for c in constraints)
+        cfile = self.venv / CONSTRAINTS_FILE
+        cfile.write_text("".join(f"{n}=={v}\n" for n, v in held.items()))
+        args = [*args, "-r", str(self.names_file(held)), "-c", str(cfile)]
+        return self.uv(*args, timeout=INSTALL_TIMEOUT_S), "strict", None
+
     def install_base(
         self, args: list[str], constraints: list[str]
     ) -> tuple[subprocess.CompletedProcess[str], str, str | None]:
@@ -490,10 +599,7 @@ class _Build:
         what changed. An error that names no held pin falls back to free resolution.
         """
         held = dict(_pinned(c) for c in constraints)
-        # The names, each one: the base environment's packages (thousands, so a file).
-        names = self.venv / BASE_FILE
-        names.write_text("".join(f"{n}\n" for n in held))
-        args = [*args, "-r", str(names)]
+        args = [*args, "-r", str(self.names_file(held))]
         cfile = self.venv / CONSTRAINTS_FILE
         left: dict[str, str] = {}
         reason = ""
@@ -558,8 +664,10 @@ def build_env(
     root, cache = prepare_dirs(root, cache_dir)
     ids = identities()
     _check_find_links(spec, ids)
+    _check_source(spec, ids)
     key = spec_hash(spec)
     with _locked(root / f"{key}.lock"), private_dir(ids.build, "leakbisect-build-") as home:
         env = uv_env(cache, link_from=root, home=home)
+        _trust_clone(spec, home, ids)
         build = _Build(spec, root, cache, env, ids, log, started)
         return build.reused() or build.build(pin, constraints)

@@ -46,7 +46,7 @@ import os
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Literal
@@ -412,8 +412,9 @@ def run_script(
     run_as: Identity | None | Literal["auto"] = "auto",
     pids_limit: int | None = DEFAULT_PIDS_LIMIT,
     early_stop: EarlyStop | None = None,
+    args: Sequence[str] = (),
 ) -> Execution:
-    """Run ``python script`` in ``cwd`` under its supervisor, a memory cap and the sampler.
+    """Run ``python script [args]`` in ``cwd`` under its supervisor, a memory cap and the sampler.
 
     ``cap_method`` forces a `MemoryCap` method (tests force "watchdog"); ``name``
     labels the cgroup (default: the script's stem). ``run_as``: the user the script
@@ -432,7 +433,7 @@ def run_script(
     label = name or Path(script).stem
     with MemoryCap.create(limit, label, method=cap_method, pids_limit=pids_limit) as cap:
         run = _ScriptRun(
-            cap, [python, str(script)], cwd=cwd, env=script_env(env, cwd), run_as=who,
+            cap, [python, str(script), *args], cwd=cwd, env=script_env(env, cwd), run_as=who,
             pids_limit=pids_limit,
         )  # fmt: skip
         run.start(sample_hz=sample_hz, gpu=gpu, on_sample=on_sample)

@@ -16,6 +16,10 @@ process group.
   ``variables`` (`runners.sandbox.allowed_env`). The report carries at most
   `MAX_REPORT_SAMPLES` samples (`runners.series.downsample`: min and max per time
   bucket) and ``samples_taken`` says how many were taken.
+* ``"attribute"``: as ``"run"``, with the script under the allocation tracer
+  `TrialSpec.trace` (`runners.tracing`: memray is added to the environment for it) and
+  the tracer's profile in `TrialReport.attribution`; memray that does not install is
+  the profile's ``error``, not a failed trial.
 * ``"resolve"``: no script; `runners.envs.resolve_pins` (``uv pip compile``, sandboxed as
   any build) and a report with ``pins``, or ``env.ok=False`` and ``env.error`` when the
   requirements cannot be resolved.
@@ -28,6 +32,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Protocol
 
+from runners import tracing
 from runners.envs import EnvError, build_env, prepare_dirs, resolve_pins
 from runners.errors import InvalidInput
 from runners.executor import Execution, run_script
@@ -104,18 +109,21 @@ def execute_trial(
     if spec.kind == "resolve":
         return _resolve(spec, cache_dir)
     try:
-        env: EnvResult = build_env(spec.env, root=env_root, cache_dir=cache_dir, log=log)
+        env: EnvResult = build_env(
+            tracing.env_of(spec), root=env_root, cache_dir=cache_dir, log=log
+        )
     except EnvError as exc:
         env = EnvResult(ok=False, error=str(exc))
     if not env.ok or env.python_executable is None:
-        return TrialReport(trial_id=spec.trial_id, attempt=spec.attempt, env=env)
+        return TrialReport(trial_id=spec.trial_id, attempt=spec.attempt, env=env,
+                           attribution=tracing.failed_build(spec, env))  # fmt: skip
     try:
-        run = _run(spec, env.python_executable, gpu, on_sample, on_start)
+        run, profile = _run(spec, env.python_executable, gpu, on_sample, on_start)
     except InvalidInput as exc:  # a BISECT_* variable: nothing ran
         return TrialReport(
             trial_id=spec.trial_id, attempt=spec.attempt, env=env, error=exc.detail()
         )
-    return _report(spec, env, run)
+    return _report(spec, env, run).model_copy(update={"attribution": profile})
 
 
 def _run(
@@ -124,8 +132,9 @@ def _run(
     gpu: GpuProbe | None,
     on_sample: Callable[[Sample], None] | None,
     on_start: Callable[[Kill], None] | None,
-) -> Execution:
-    """The script in a private working directory with its own HOME and TMPDIR."""
+) -> tuple[Execution, dict | None]:
+    """The script in a private working directory with its own HOME and TMPDIR; with
+    `spec.trace`, under the tracer, and the profile it wrote."""
     trial_user = identities().trial
     with private_dir(trial_user, "leakbisect-trial-") as work:
         home = private_subdir(work, "home", trial_user)
@@ -134,9 +143,17 @@ def _run(
         script = work / Path(spec.script_name).name
         script.write_text(spec.script)
         give(script, trial_user)
-        return run_script(
+        command, args, tracer = script, [], tracing.tracer_of(spec)
+        if tracer:
+            command = work / tracing.HELPER_NAME
+            command.write_text(tracing.helper_source())
+            give(command, trial_user)
+            args = tracing.helper_args(tracer, work / tracing.PROFILE_NAME, script)
+        run = run_script(
             python,
-            script,
+            command,
+            args=args,
+            name=script.stem,
             cwd=work,
             timeout_s=spec.timeout_s,
             memory_limit_bytes=spec.memory_limit_bytes,
@@ -148,6 +165,8 @@ def _run(
             run_as=trial_user,
             early_stop=spec.early_stop,
         )
+        profile = tracing.read_profile(work / tracing.PROFILE_NAME) if args else None
+        return run, profile
 
 
 def _report(spec: TrialSpec, env: EnvResult, run: Execution) -> TrialReport:

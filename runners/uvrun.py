@@ -41,7 +41,8 @@ Log = Callable[[str], None]
 _CHATTER = re.compile(
     r"^(Using (C?Python|Python) |Resolved \d|Prepared \d|Installed \d|Uninstalled \d|Audited \d"
     r"|Downloading |Downloaded |Building |Built |Creating virtual environment|Activate with"
-    r"| [-+~] )"
+    r"| [-+~] "
+    r"|\s+(Updating|Updated|Building) )"  # a git source's fetch and build, indented
 )
 NO_SOLUTION = "No solution found when resolving"
 

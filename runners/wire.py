@@ -67,7 +67,7 @@ class EnvResult(BaseModel):
     python_executable: str | None = None
     freeze: list[str] = Field(default_factory=list)
     # "constrained" (held at the good bound's pins), "free" (fallback or no pins),
-    # or "as-released".
+    # "as-released", or "strict" (a strict mix: every pin held exactly, `EnvSpec.strict`).
     resolution: str = "free"
     resolution_note: str | None = None
     reused: bool = False
