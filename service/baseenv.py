@@ -65,12 +65,22 @@ class BaseEnv:
         return others, self.pins.get(own)
 
 
-def fail(message: str) -> InvalidInput:
-    return InvalidInput(message, field=FIELD)
+def fail(message: str, field: str = FIELD) -> InvalidInput:
+    return InvalidInput(message, field=field)
 
 
-def parse(text: str, name: str | None = None) -> BaseEnv:
-    """The pins of a base environment file's text (`name`: its file name, when known)."""
+def parse(text: str, name: str | None = None, *, field: str = FIELD) -> BaseEnv:
+    """The pins of a base environment file's text (`name`: its file name, when known);
+    `field`: the option errors name (--base-env, --from, --to)."""
+    try:
+        return _parse(text, name)
+    except InvalidInput as exc:
+        if field == FIELD:
+            raise
+        raise fail(exc.message, field) from None
+
+
+def _parse(text: str, name: str | None) -> BaseEnv:
     if len(text.encode()) > MAX_BYTES:
         raise fail("the base environment is larger than 1 MiB")
     kind = detect(text, name)

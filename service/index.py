@@ -385,6 +385,38 @@ def list_releases(
     return sorted(by_version.values(), key=lambda r: r.version)
 
 
+PYPI_JSON = "https://pypi.org/pypi"
+
+
+def project_urls(
+    package: str,
+    version: str,
+    *,
+    index_url: str | None = PYPI_SIMPLE,
+    timeout: float = DEFAULT_TIMEOUT,
+    policy: FetchPolicy = LOCAL,
+) -> dict[str, str]:
+    """A release's project URLs (label -> URL) from PyPI's JSON API; {} for any other
+    index (the simple API has none) or a release PyPI does not know. Raises
+    `IndexUnavailable` when PyPI cannot be read."""
+    if (index_url or "").rstrip("/") != PYPI_SIMPLE:
+        return {}
+    url = f"{PYPI_JSON}/{canonicalize_name(package)}/{version}/json"
+    with _client(timeout, policy) as client:
+        page = _fetch_page(client, url, "PyPI's JSON API", "application/json", timeout,
+                           policy.max_bytes)  # fmt: skip
+    if page.status_code != 200:
+        return {}
+    try:
+        info = json.loads(page.body)["info"]
+        urls = {str(k): str(v) for k, v in (info.get("project_urls") or {}).items()}
+    except (ValueError, KeyError, TypeError, AttributeError):
+        return {}
+    if info.get("home_page"):
+        urls.setdefault("Homepage", str(info["home_page"]))
+    return urls
+
+
 _PY_RE = re.compile(r"(\d+)\.(\d+)(?:\.(\d+))?")
 
 

@@ -1,38 +1,76 @@
 """Creating jobs: list the releases, pick the range, write the job and its candidates."""
 
 import hashlib
+from collections.abc import Callable
 from typing import Any
 
 from sqlmodel import Session
 
-from service import baseenv, pins, releases
+from runners.errors import InvalidInput
+from service import baseenv, ddmin, pins, releases, stages
 from service.index import LOCAL, PYPI_SIMPLE, FetchPolicy, list_releases, target_tags
-from service.models import Candidate, Job
+from service.models import Candidate, Job, PinState
+from service.options import JobOptions
 from service.resolution import pins_as_of
 from service.schemas import JobCreate
 
 
 def releases_for(request: JobCreate, fetch: FetchPolicy = LOCAL) -> list[releases.RangeRelease]:
     """The ordered candidates of the request's range (raises RangeError, IndexUnavailable)."""
-    python_version, tags = target_tags(request.python)
+    good, bad = request.bounds
+    return releases_between(request, request.package, good, bad, fetch)
+
+
+def releases_between(
+    options: JobOptions, package: str, good: str, bad: str, fetch: FetchPolicy = LOCAL
+) -> list[releases.RangeRelease]:
+    """The releases of `package` from `good` to `bad`, listed from the job's indexes."""
+    python_version, tags = target_tags(options.python)
     listed = list_releases(
-        request.package,
-        index_url=request.index_url or PYPI_SIMPLE,
-        extra_index_urls=request.extra_index_urls,
-        find_links=request.find_links,
+        package,
+        index_url=options.index_url or PYPI_SIMPLE,
+        extra_index_urls=options.extra_index_urls,
+        find_links=options.find_links,
         policy=fetch,
     )
-    good, bad = request.bounds
     return releases.select_range(
         listed,
         good,
         bad,
-        pre=request.pre,
-        skip_yanked=request.skip_yanked,
-        package=request.package,
+        pre=options.pre,
+        skip_yanked=options.skip_yanked,
+        package=package,
         python_version=python_version,
         platform_tags=tags,
     )
+
+
+def add_candidates(
+    session: Session,
+    job: Job,
+    found: list[releases.RangeRelease],
+    *,
+    stage: str = "",
+    start: int = 0,
+    pins: Callable[[str], list[str]] | None = None,
+) -> None:
+    """One candidate per listed release, at positions from `start` (`pins`: a release's
+    whole environment, for the stages that hold one)."""
+    for position, release in enumerate(found, start):
+        session.add(
+            Candidate(
+                job_id=job.id,
+                position=position,
+                version=release.version,
+                upload_time=release.upload_time,
+                yanked=release.yanked,
+                yanked_reason=release.yanked_reason,
+                testable=release.testable,
+                untestable_reason=release.untestable_reason,
+                stage=stage,
+                pins=pins(release.version) if pins else [],
+            )
+        )
 
 
 def create_job(
@@ -52,6 +90,9 @@ def create_job(
     `idempotency`: the submission's digest, unique (a duplicate raises IntegrityError at the
     insert, before any candidate is written).
     """
+    if request.from_env is not None:
+        return _create_dependency_job(session, request, machine=machine, local=local,
+                                      owner=owner, idempotency=idempotency)  # fmt: skip
     found = releases_for(request, fetch)
     held: dict[str, Any] = {}
     if request.base_env is not None:
@@ -81,19 +122,47 @@ def create_job(
     )
     session.add(job)
     session.flush()
-    for position, release in enumerate(found):
-        session.add(
-            Candidate(
-                job_id=job.id,
-                position=position,
-                version=release.version,
-                upload_time=release.upload_time,
-                yanked=release.yanked,
-                yanked_reason=release.yanked_reason,
-                testable=release.testable,
-                untestable_reason=release.untestable_reason,
-            )
+    add_candidates(session, job, found)
+    session.commit()
+    session.refresh(job)
+    return job
+
+
+def _create_dependency_job(
+    session: Session, request: JobCreate, *, owner: str | None, idempotency: str | None,
+    machine: dict[str, Any] | None, local: bool,
+) -> Job:  # fmt: skip
+    """A --from/--to job: both environments, what changed, and the two ends as mixes."""
+    assert request.from_env is not None and request.to_env is not None
+    good = baseenv.parse(request.from_env, request.from_env_name, field="from_env").pins
+    bad = baseenv.parse(request.to_env, request.to_env_name, field="to_env").pins
+    changes = ddmin.changes(good, bad)
+    if not changes:
+        raise InvalidInput(
+            "the two environments pin the same versions: there is no change to blame",
+            field="to_env",
         )
+    job = Job.model_validate(
+        request,
+        update={
+            "good": request.from_env_name or "--from",
+            "bad": request.to_env_name or "--to",
+            "script_sha256": hashlib.sha256(request.script.encode()).hexdigest(),
+            "pin_state": PinState.NONE,
+            "max_runs": max(request.max_runs, request.repeats),
+            "hardware_class": "gpu" if request.requires_gpu else "cpu",
+            "machine": machine,
+            "local": local,
+            "owner": owner,
+            "idempotency": idempotency,
+            "dependency": stages.dependency_record(changes, good, bad),
+        },
+    )
+    session.add(job)
+    session.flush()
+    everything = frozenset(c.name for c in changes)
+    stages.new_mix(session, job, frozenset(), 0)
+    stages.new_mix(session, job, everything, 1)
     session.commit()
     session.refresh(job)
     return job

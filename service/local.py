@@ -97,6 +97,8 @@ def _fill(session: Session, job: Job, trials: "_Running", progress: TrialEvents)
         assert candidate is not None
         if trial.kind == TrialKind.RUN:
             progress.trial_started(candidate, trial)
+        elif trial.kind == TrialKind.ATTRIBUTE:
+            progress.message(f"tracing {job.package} {candidate.version} with {trial.trace}")
         else:
             progress.message(f"resolving the pins of {job.package}=={candidate.version}")
         spec = trial_spec(job, candidate, trial, store.trials_of(session, job))

@@ -14,6 +14,7 @@ an image or HTML.
 import re
 from typing import Any
 
+from service import findings
 from service.report import Evidence, Report
 from service.text import printable
 
@@ -189,6 +190,14 @@ def markdown_report(report: Report, url: str | None = None) -> str:
             f"No other package changed between {md_text(report.last_old)} and "
             f"{md_text(report.first_new)}.",
         ]
+    sections = (
+        ("Which dependency", findings.dependency_lines(report.dependency)),
+        ("Which allocation site", findings.attribution_lines(report.attribution, frames=2)),
+        ("Which commit", findings.commit_lines(report.commit)),
+    )
+    for title, lines in sections:
+        if lines:  # code spacing matters: stacks and mixes stay aligned
+            out += ["", f"#### {title}", "", md_block("\n".join(lines))]
     if report.machine:
         out += ["", "#### Machine", "", _machine(report.machine)]
     if report.reproduce:

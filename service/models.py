@@ -39,6 +39,7 @@ class TrialKind(StrEnum):
 
     RUN = "run"  # build the candidate's environment, run the script under the sampler
     RESOLVE = "resolve"  # resolve the pins the other candidates are held at
+    ATTRIBUTE = "attribute"  # run once more under an allocation tracer; never judged
 
 
 class PinState(StrEnum):
@@ -96,6 +97,16 @@ class Job(JobOptions, table=True):
     # instead of creating another (service/api/routes/jobs.py). Unique; None without a key.
     idempotency: str | None = Field(default=None, unique=True)
 
+    # What the job's later stages found (service/stages.py has the order and the rules).
+    # Each finished stage: {"stage", "package", "status", "message", ...} in order.
+    stages: list[dict[str, Any]] = _json()
+    # --from/--to: the changed packages, the minimal leaking set and the mixes it took.
+    dependency: dict[str, Any] | None = Field(default=None, sa_column=Column(JSON))
+    # --attribute: the stacks that grow in the first bad release and not the last good.
+    attribution: dict[str, Any] | None = Field(default=None, sa_column=Column(JSON))
+    # --commits: the first bad commit of the boundary's package (sha, subject, ...).
+    commit: dict[str, Any] | None = Field(default=None, sa_column=Column(JSON))
+
 
 class Candidate(SQLModel, table=True):
     __table_args__ = (Index("ix_candidate_job_position", "job_id", "position", unique=True),)
@@ -124,6 +135,17 @@ class Candidate(SQLModel, table=True):
     reused_from: int | None = None
     # Same script, package, version, environment, classifier and hardware class -> same verdict.
     reuse_key: str | None = Field(default=None, index=True)
+    # The job stage it belongs to (service/stages.py): "" the releases of `Job.package`,
+    # "mix" a --from/--to mix, "release:NAME" a further culprit's releases, "commit".
+    stage: str = Field(default="", index=True)
+    # The whole environment it is built with, every pin held exactly (mixes and culprit
+    # releases); empty: the job's own environment rules.
+    pins: list[str] = _json()
+    # A mix: the names of the changes (service/ddmin.py) applied to the good environment.
+    applied: list[str] = _json()
+    # A commit: what uv builds the package from (`git+URL@SHA`) and the commit's subject.
+    source: str | None = Field(default=None, sa_column=Column(Text))
+    subject: str | None = Field(default=None, sa_column=Column(Text))
 
 
 class Trial(SQLModel, table=True):
@@ -163,6 +185,9 @@ class Trial(SQLModel, table=True):
     verdict: str | None = None
     analysis: dict[str, Any] | None = Field(default=None, sa_column=Column(JSON))
     error: str | None = Field(default=None, sa_column=Column(Text))
+    # Attribute trials: the tracer ("tracemalloc" | "memray") and the profile it reported.
+    trace: str | None = None
+    profile: dict[str, Any] | None = Field(default=None, sa_column=Column(JSON))
 
 
 class MemorySample(SQLModel, table=True):

@@ -60,7 +60,10 @@ def option(
     """
     cli = {"flag": flag, "commands": list(commands), "metavar": metavar} if flag else None
     extra = {"x-cli": cli} if cli else None
-    return Field(default, description=help, schema_extra={"json_schema_extra": extra}, **field)
+    schema: dict[str, Any] = {"json_schema_extra": extra}
+    if field.pop("validate_default", False):  # checked even when not given (sqlmodel's
+        schema["validate_default"] = True  # Field has no such argument; pydantic's has)
+    return Field(default, description=help, schema_extra=schema, **field)
 
 
 def cli_of(info: FieldInfo) -> dict[str, Any] | None:
@@ -75,13 +78,38 @@ class JobOptions(SQLModel):
     # No infinities or NaNs anywhere: 1e999 as a threshold means nothing can ever leak.
     model_config = ConfigDict(allow_inf_nan=False)  # type: ignore[assignment]
 
+    from_env_name: str | None = option(
+        None, flag=None, help="The good environment's file name (says its format).", max_length=200
+    )
+    from_env: str | None = option(
+        None,
+        flag="--from",
+        help="Which dependency: the environment that did not leak (freeze output, "
+        "requirements of == pins, uv.lock or pylock.toml), instead of --package/--range; "
+        "the smallest set of its changes towards --to that leaks is found, then each "
+        "culprit's first bad release.",
+        metavar="GOOD_ENV",
+        sa_type=Text,
+    )
+    to_env_name: str | None = option(
+        None, flag=None, help="The bad environment's file name (says its format).", max_length=200
+    )
+    to_env: str | None = option(
+        None,
+        flag="--to",
+        help="The environment that leaks (same formats as --from).",
+        metavar="BAD_ENV",
+        sa_type=Text,
+        validate_default=True,
+    )
     package: str = option(
+        "",
         flag="--package/-p",
-        help="Package to bisect.",
+        help="Package to bisect (required, unless --from/--to find it).",
         metavar="NAME",
-        min_length=1,
         max_length=200,
         index=True,
+        validate_default=True,
     )
     script: str = option(flag=None, help="The repro script's text (at most 1 MiB).", sa_type=Text)
     script_name: str = option(
@@ -220,6 +248,28 @@ class JobOptions(SQLModel):
         help="End a run as soon as it is sure to leak, once a run of the job has gone to "
         "its end (or when it nears the memory cap); clean runs always run to the end.",
     )
+    attribute: bool = option(
+        True,
+        flag="--attribute/--no-attribute",
+        help="When the boundary is found, run its two releases once more under allocation "
+        "tracers (tracemalloc; memray for native stacks when it installs) and report the "
+        "call stacks that grow in the first bad one only. Never decides a verdict.",
+    )
+    commits: bool = option(
+        False,
+        flag="--commits",
+        help="Then bisect the commits between the boundary's two release tags, each built "
+        "from source with uv (the repository comes from the release's project URLs, or "
+        "--repo).",
+    )
+    repo: str | None = option(
+        None,
+        flag="--repo",
+        help="The package's git repository for --commits: an https URL, or (bisect-cli run "
+        "only) a local clone's path.",
+        metavar="URL|PATH",
+        max_length=MAX_TEXT,
+    )
     variables: dict[str, str] = option(
         default_factory=dict,
         flag="--env",
@@ -242,11 +292,39 @@ class JobOptions(SQLModel):
         parse_resolve_at(value)  # InvalidInput, a ValueError, says what is allowed
         return value.strip()
 
+    @field_validator("as_released", "resolve_at", "find_fix")
+    @classmethod
+    def _not_with_envs(cls, value: Any, info: ValidationInfo) -> Any:
+        if value and info.data.get("from_env") is not None:
+            raise ValueError(
+                "cannot be combined with --from/--to: the two environments hold every "
+                "version already"
+                if info.field_name != "find_fix"
+                else "cannot be combined with --from/--to, which find what makes the good "
+                "environment leak"
+            )
+        return value
+
+    @field_validator("repo")
+    @classmethod
+    def _repo(cls, value: str | None, info: ValidationInfo) -> str | None:
+        if value is None:
+            return None
+        if not info.data.get("commits"):
+            raise ValueError("only with --commits, which bisects the repository's commits")
+        if not value.strip() or any(ch in value for ch in "\0\n\r"):
+            raise ValueError("empty or not one line; give an https URL or a local path")
+        return value.strip()
+
     @field_validator("base_env")
     @classmethod
     def _base_env(cls, value: str | None, info: ValidationInfo) -> str | None:
         if value is None:
             return None
+        if info.data.get("from_env") is not None:
+            raise ValueError(
+                "cannot be combined with --from/--to: --from is the base environment"
+            )
         for name, flag in (("as_released", "--as-released"), ("resolve_at", "--resolve-at")):
             if info.data.get(name):
                 raise ValueError(
@@ -256,9 +334,37 @@ class JobOptions(SQLModel):
         baseenv.parse(value, info.data.get("base_env_name"))  # InvalidInput says what is wrong
         return value
 
+    @field_validator("to_env")
+    @classmethod
+    def _to_env(cls, value: str | None, info: ValidationInfo) -> str | None:
+        given = info.data.get("from_env")
+        if (value is None) != (given is None):
+            raise ValueError(
+                "give both --from (the good environment) and --to (the bad one), or neither"
+            )
+        if value is not None:
+            baseenv.parse(value, info.data.get("to_env_name"), field="to_env")
+        return value
+
+    @field_validator("from_env")
+    @classmethod
+    def _from_env(cls, value: str | None, info: ValidationInfo) -> str | None:
+        if value is not None:
+            baseenv.parse(value, info.data.get("from_env_name"), field="from_env")
+        return value
+
     @field_validator("package")
     @classmethod
-    def _package(cls, value: str) -> str:
+    def _package(cls, value: str, info: ValidationInfo) -> str:
+        if info.data.get("from_env") is not None:
+            if value:
+                raise ValueError(
+                    "not with --from/--to: the two environments say which packages changed, "
+                    "and the search finds the culprit"
+                )
+            return value
+        if not value:
+            raise ValueError("missing; name the package whose releases to bisect")
         try:
             name = Requirement(value).name
         except InvalidRequirement:
@@ -367,6 +473,7 @@ def option_fields(command: str | None = None) -> dict[str, FieldInfo]:
 def flag_names() -> dict[str, str]:
     """Field name -> the flag a user types, so messages name what they can fix."""
     names = {"script": "SCRIPT", "requirements": "--with/-r", "range": "--range"}
+    names |= {"from_env_name": "--from", "to_env_name": "--to", "base_env_name": "--base-env"}
     for name, info in option_fields().items():
         cli = cli_of(info)
         assert cli is not None

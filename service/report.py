@@ -14,7 +14,7 @@ from typing import Any
 from pydantic import BaseModel, Field, model_serializer, model_validator
 
 from runners.envs import freeze_diff, index_args
-from service import baseenv, crash, resolution
+from service import baseenv, crash, resolution, stages
 from service.models import Candidate, Job, Trial, TrialKind, TrialStatus
 from service.specs import env_spec
 from service.verdicts import Verdict
@@ -98,6 +98,12 @@ class Report(BaseModel):
     machine: dict[str, Any] | None = None
     # How the packages besides the bisected one were chosen, and why (service/resolution.py).
     environment: str | None = None
+    # The stages before and after the releases (service/stages.py), as the job stored them:
+    # --from/--to's minimal set of changes and its mixes, --attribute's growing stacks,
+    # --commits' first bad commit. None where the job had no such stage.
+    dependency: dict[str, Any] | None = None
+    attribution: dict[str, Any] | None = None
+    commit: dict[str, Any] | None = None
 
     @property
     def names(self) -> tuple[str, str]:
@@ -258,8 +264,34 @@ def _unjudged(candidate: Candidate) -> bool:
     )
 
 
+def dependency_section(job: Job, trials: list[Trial]) -> dict[str, Any] | None:
+    """--from/--to's answer for reports: what changed, the minimal set, each mix's runs."""
+    if job.dependency is None:
+        return None
+    found = {k: v for k, v in job.dependency.items() if k not in ("good", "bad")}
+    runs = _runs(trials)
+    found["mixes"] = [
+        {**mix, "trials": sum(1 for t in runs if t.candidate_id == mix.get("candidate_id"))}
+        for mix in found.get("mixes", [])
+    ]
+    # Each culprit's own release search (the first one's is also the report's pair).
+    found["releases"] = [
+        {"package": r.get("package") or job.package, "status": r["status"],
+         "last_good": (r.get("result") or {}).get("last_old"),
+         "first_bad": (r.get("result") or {}).get("first_new"), "message": r.get("message")}
+        for r in job.stages
+        if r["stage"] == stages.RELEASES or r["stage"].startswith(stages.CULPRIT_PREFIX)
+    ]  # fmt: skip
+    return found
+
+
 def environment(job: Job) -> str:
     """How the packages besides the bisected one were chosen (the report's line)."""
+    if job.from_env is not None:
+        return (
+            f"every candidate is {job.from_env_name or '--from'} with the culprits' new "
+            "versions, each pin held exactly (a mix uv cannot resolve is skipped)"
+        )
     if job.base_env is not None:
         base = baseenv.parse(job.base_env, job.base_env_name)
         return baseenv.describe(base, package=job.package, source=job.base_env_name)
@@ -292,6 +324,9 @@ def build_report(job: Job, candidates: list[Candidate], trials: list[Trial]) -> 
         trials=len(_runs(trials)),
         machine=job.machine,
         environment=environment(job),
+        dependency=dependency_section(job, trials),
+        attribution=job.attribution,
+        commit=job.commit,
     )
     if last_old and first_new:
         report.dependency_diff = [

@@ -149,6 +149,28 @@ def try_reuse(session: Session, job: Job, candidate: Candidate) -> bool:
     return True
 
 
+def find_attribution(session: Session, job: Job, good: Candidate, bad: Candidate) -> Job | None:
+    """The newest earlier job that traced the same boundary pair under the same conditions
+    (both candidates' keys), so its attribution is copied rather than traced again."""
+    if not job.reuse_verdicts or good.reuse_key is None or bad.reuse_key is None:
+        return None
+
+    def jobs_with(key: str) -> set[int]:
+        query = select(Candidate.job_id).where(
+            col(Candidate.reuse_key) == key, col(Candidate.job_id) < job.id
+        )
+        return set(session.exec(query))
+
+    for job_id in sorted(jobs_with(good.reuse_key) & jobs_with(bad.reuse_key), reverse=True):
+        other = session.get(Job, job_id)
+        found = other.attribution if other is not None else None
+        if found and (found.get("last_good"), found.get("first_bad")) == (
+            good.version, bad.version
+        ):  # fmt: skip
+            return other
+    return None
+
+
 def note(session: Session, candidates: list[Candidate]) -> str | None:
     """One line per source job: "verdicts of 1.0.5, 1.0.6 reused from job 3"."""
     reused = [c for c in candidates if c.reused_from is not None]

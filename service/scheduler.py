@@ -20,12 +20,12 @@ from statistics import median
 
 from sqlmodel import Session
 
-from service import pins, queue, reuse
+from service import pins, pipeline, queue, reuse, stages
 from service.models import Candidate, Job, JobStatus, Trial, TrialKind, TrialStatus, utcnow
-from service.planner import Outcome, Plan, ReleaseState, plan
+from service.planner import Plan, ReleaseState, plan
 from service.pooled import PooledRun, classify_runs
 from service.specs import longer_run_hints
-from service.store import candidates_of, next_trial_number, steps_printed, trials_of
+from service.store import add_trials, candidates_of, steps_printed, trials_of
 from service.trials import classifier_settings
 from service.verdicts import Verdict
 
@@ -43,27 +43,6 @@ def slots_for(session: Session, job: Job, *, within_s: float = 60) -> int:
     return max(1, len(able))
 
 
-def _queue(
-    session: Session,
-    job: Job,
-    candidate: Candidate,
-    evaluation: int,
-    count: int,
-    hints: dict[str, str] | None = None,
-) -> None:
-    assert job.id is not None
-    for _ in range(count):
-        session.add(
-            Trial(
-                job_id=job.id,
-                number=next_trial_number(session, job.id),
-                candidate_id=candidate.id,
-                evaluation=evaluation,
-                hints=dict(hints or {}),
-            )
-        )
-
-
 def _close_or_extend(session: Session, job: Job, candidate: Candidate, trials: list[Trial]) -> bool:
     """Settle the candidate's open evaluation; True while it is still running.
 
@@ -76,13 +55,13 @@ def _close_or_extend(session: Session, job: Job, candidate: Candidate, trials: l
     together = classify_runs([_pooled_run(t) for t in done], classifier_settings(job))
     n = len(done)
     if n < job.repeats:
-        _queue(session, job, candidate, trials[0].evaluation, 1)
+        add_trials(session, job, candidate, trials[0].evaluation, 1)
         return True
     if together.verdict is Verdict.INCONCLUSIVE and n < job.max_runs:
         # Inconclusive after the repeats asked for: the next run is asked to run longer.
         steps = steps_printed(session, [t.id for t in done if t.id is not None])
         hints = longer_run_hints([(t.duration_s, steps.get(t.id)) for t in done])  # type: ignore[arg-type]
-        _queue(session, job, candidate, trials[0].evaluation, 1, hints)
+        add_trials(session, job, candidate, trials[0].evaluation, 1, hints)
         return True
     verdict = together.verdict
     candidate.evaluations = [*candidate.evaluations, verdict.value]
@@ -161,45 +140,75 @@ def _open_evaluations(
 
 
 def _plan(session: Session, job: Job, slots: int, trials: list[Trial]) -> Plan:
-    candidates = candidates_of(session, job)
-    reuse.ensure_keys(session, job, candidates)
-    running = _open_evaluations(session, job, candidates, trials)
+    """Walk the job's stages (service/stages.py) until one has work running or queued."""
+    everything = candidates_of(session, job, stage=None)
+    running = _open_evaluations(session, job, everything, trials)
+    last = Plan(run=(), outcome=None)
+    while (stage := stages.current(job)) is not None:
+        members = [c for c in everything if c.stage == stage]
+        if stage == stages.MIX:
+            done = pipeline.mix_step(session, job, slots, members, running)
+        elif stage == stages.ATTRIBUTE:
+            done = pipeline.attribute_step(session, job, everything, trials)
+        else:
+            if not members:
+                members = pipeline.start(session, job, stage)
+                if not members:  # nothing to list (no repository, no tags): it said why
+                    continue
+            last = _releases(session, job, slots, stage, members, running)
+            if last.outcome is not None:
+                pipeline.releases_done(session, job, stage, last.outcome, members)
+            done = last.outcome is not None
+        if not done:
+            return Plan(run=last.run if last.outcome is None else (), outcome=None)
+        # A stage's outcome can come while speculative evaluations still run (the
+        # planner's rule 5): none of them can change it, and the next stage starts clean.
+        queue.cancel_open_trials(session, job)
+        everything = candidates_of(session, job, stage=None)
+    conclude(session, job, [c for c in everything if c.stage == stages.RELEASES])
+    return last
+
+
+def _releases(
+    session: Session,
+    job: Job,
+    slots: int,
+    stage: str,
+    candidates: list[Candidate],
+    running: set[int | None],
+) -> Plan:
+    """One planner step over a stage of versions (releases or commits) and its queueing."""
+    # Verdict reuse keys on the job's own environment rules: only its plain releases.
+    reusable = stage == stages.RELEASES and job.from_env is None
+    if reusable:
+        reuse.ensure_keys(session, job, candidates)
     reused = False
     while True:
         step = plan(_states(candidates, running), slots, find_fix=job.find_fix)
         # Copy what earlier jobs already know, then ask again with it.
+        if not reusable:
+            break
         if not any([reuse.try_reuse(session, job, candidates[i]) for i in step.run]):
             break
         reused = True
     for index in step.run:
         candidate = candidates[index]
-        _queue(session, job, candidate, len(candidate.evaluations) + 1, job.repeats)
-    if step.outcome is not None:
-        conclude(session, job, step.outcome, candidates)
-    elif reused:
+        add_trials(session, job, candidate, len(candidate.evaluations) + 1, job.repeats)
+    if reused and step.outcome is None:
         job.message = _with_note(job.message, reuse.note(session, candidates))
     return step
 
 
-def conclude(
-    session: Session, job: Job, outcome: Outcome, candidates: list[Candidate]
-) -> None:
-    """End the job with the planner's outcome and cancel whatever still runs."""
-    def version(index: int | None) -> str | None:
-        return None if index is None else candidates[index].version
-
-    job.status = outcome.status
-    # The outcome leads; notes written at creation (pins that did not resolve) stay below it.
-    message = "\n".join(filter(None, [outcome.message, job.message]))
+def conclude(session: Session, job: Job, candidates: list[Candidate]) -> None:
+    """End the job once its stages have: stage ""'s status (or the mix stage's, when it
+    found no culprit), the stages' messages first, and cancel whatever still runs."""
+    ended = stages.ending(job)
+    job.status = ended["status"]
+    # The outcomes lead; notes written at creation (pins that did not resolve) stay below.
+    message = "\n".join(filter(None, [*stages.messages(job), job.message]))
     job.message = _with_note(message, reuse.note(session, candidates))
     job.finished_at = utcnow()
-    job.result = {
-        "status": outcome.status,
-        "last_old": version(outcome.last_old),
-        "first_new": version(outcome.first_new),
-        "skipped": [candidates[i].version for i in outcome.skipped],
-        "message": outcome.message,
-    }
+    job.result = ended.get("result") or {"status": ended["status"], "message": ended["message"]}
     queue.cancel_open_trials(session, job)
 
 

@@ -21,7 +21,10 @@ import math
 from collections.abc import Sequence
 from dataclasses import asdict
 
+from packaging.utils import canonicalize_name
+
 from runners.wire import EarlyStop, EnvSpec, TrialSpec
+from service import stages
 from service.analysis import ClassifierSettings
 from service.models import Candidate, Job, Trial, TrialKind, TrialStatus
 
@@ -33,13 +36,15 @@ def env_spec(job: Job, candidate: Candidate, *, resolving: bool = False) -> EnvS
     pins are resolved as of `Job.pins_as_of` (service/resolution.py); candidates are then
     built with them as constraints, so the cutoff only applies where they are made.
     """
+    if candidate.pins:
+        return _held_spec(job, candidate)
     if job.as_released:
         exclude_newer = candidate.upload_time
     else:
         exclude_newer = job.pins_as_of if resolving else None
     return EnvSpec(
         package=job.package,
-        version=candidate.version,
+        version=_version(job, candidate),
         python=job.python,
         requirements=list(job.requirements),
         index_url=job.index_url,
@@ -49,6 +54,36 @@ def env_spec(job: Job, candidate: Candidate, *, resolving: bool = False) -> EnvS
         constraints=[] if job.as_released else list(job.constraints),
         exclude_newer=exclude_newer,
         base_env=job.base_env is not None,
+        source=candidate.source,
+    )
+
+
+def _version(job: Job, candidate: Candidate) -> str:
+    """A commit is named by its short hash; uv builds it from `source`, as the bad release."""
+    return job.bad if candidate.source else candidate.version
+
+
+def _held_spec(job: Job, candidate: Candidate) -> EnvSpec:
+    """A whole environment held exactly (a --from/--to mix or a culprit's release)."""
+    pinned = dict(p.split("==", 1) for p in candidate.pins)
+    # A mix is named by its first pin, any other by the package its stage moves.
+    package = canonicalize_name(stages.package_of(job, candidate.stage))
+    if candidate.stage == stages.MIX or package not in pinned:
+        package = sorted(pinned)[0]
+    version = pinned[package]
+    return EnvSpec(
+        package=package,
+        version=version,
+        python=job.python,
+        requirements=list(job.requirements),
+        index_url=job.index_url,
+        extra_index_urls=list(job.extra_index_urls),
+        find_links=list(job.find_links),
+        pre=job.pre,
+        constraints=list(candidate.pins),
+        base_env=True,
+        strict=True,
+        source=candidate.source,
     )
 
 
@@ -106,6 +141,7 @@ def trial_spec(
         requires_gpu=job.requires_gpu,
         variables={**trial.hints, **job.variables},
         early_stop=early_stop(job, trials) if trial.kind == TrialKind.RUN else None,
+        trace=trial.trace,  # type: ignore[arg-type]
     )
 
 

@@ -12,7 +12,7 @@ from sqlalchemy import func
 from sqlmodel import Session, col, select
 
 from runners.errors import NotFound
-from service.models import Candidate, Job, JobStatus, MemorySample, Runner, Trial
+from service.models import Candidate, Job, JobStatus, MemorySample, Runner, Trial, TrialKind
 
 # Ids are 64-bit in every database; anything larger names nothing.
 MAX_ID = (1 << 63) - 1
@@ -40,9 +40,13 @@ def trial(session: Session, trial_id: int) -> Trial:
     return found
 
 
-def candidates_of(session: Session, job: Job) -> list[Candidate]:
-    """The job's candidates, oldest release first (by position), fresh from the database."""
-    query = select(Candidate).where(Candidate.job_id == job.id).order_by(col(Candidate.position))
+def candidates_of(session: Session, job: Job, stage: str | None = "") -> list[Candidate]:
+    """The candidates of one of the job's stages (service/stages.py; "" its releases, None
+    all of them), oldest first (by position), fresh from the database."""
+    query = select(Candidate).where(Candidate.job_id == job.id)
+    if stage is not None:
+        query = query.where(col(Candidate.stage) == stage)
+    query = query.order_by(col(Candidate.position))
     return list(session.exec(query.execution_options(populate_existing=True)))
 
 
@@ -58,6 +62,33 @@ def next_trial_number(session: Session, job_id: int) -> int:
     unique constraint on (job_id, number) would refuse it if they did)."""
     query = select(func.max(Trial.number)).where(Trial.job_id == job_id)
     return (session.exec(query).one() or 0) + 1
+
+
+def add_trials(
+    session: Session,
+    job: Job,
+    candidate: Candidate,
+    evaluation: int,
+    count: int,
+    hints: dict[str, str] | None = None,
+    *,
+    kind: str = TrialKind.RUN,
+    trace: str | None = None,
+) -> None:
+    """Queue `count` trials of `candidate` (the caller holds the job's lock and commits)."""
+    assert job.id is not None
+    for _ in range(count):
+        session.add(
+            Trial(
+                job_id=job.id,
+                number=next_trial_number(session, job.id),
+                candidate_id=candidate.id,  # type: ignore[arg-type]
+                evaluation=evaluation,
+                hints=dict(hints or {}),
+                kind=kind,
+                trace=trace,
+            )
+        )
 
 
 def trial_by_number(session: Session, job_id: int, number: int) -> Trial:

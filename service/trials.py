@@ -70,11 +70,15 @@ def record_report(
     judged: Judgement | None = None,
 ) -> Verdict | None:
     """Store a runner's report with its samples and the classifier's verdict (None for a
-    resolve trial, which has no verdict). `judged`: `judge(job, report)`, computed
+    resolve or an attribute trial, which have no verdict). `judged`: `judge(job, report)`, computed
     beforehand by a caller that holds a lock now; else it is computed here."""
     if trial.kind == TrialKind.RESOLVE:
         return _record_resolution(session, job, trial, report)
     verdict, analysis = judged or judge(job, report)
+    if trial.kind == TrialKind.ATTRIBUTE:
+        # Tracing perturbs timing: the run's memory is kept, its verdict never decides.
+        trial.profile = report.attribution
+        analysis = {"growth_mib": analysis.get("growth_mib"), "verdict": verdict.value}
     trial.status = TrialStatus.DONE
     trial.finished_at = utcnow()
     trial.exit_code = report.exit_code
@@ -88,6 +92,13 @@ def record_report(
     trial.error = report.error
 
     env = report.env
+    if trial.kind == TrialKind.ATTRIBUTE:  # its environment has the tracer added
+        trial.error = report.error or (None if env.ok else env.error)
+        trial.analysis = analysis  # its growth: what tracemalloc's stacks must explain
+        _store_samples(session, trial, report)
+        session.add(trial)
+        session.commit()
+        return None
     candidate.freeze = env.freeze or candidate.freeze
     candidate.resolution = env.resolution if env.ok else candidate.resolution
     candidate.resolution_note = env.resolution_note or env.error
@@ -95,16 +106,20 @@ def record_report(
 
     trial.verdict = verdict.value
     trial.analysis = analysis
+    _store_samples(session, trial, report)
+    session.add(trial)
+    session.add(candidate)
+    session.commit()
+    return verdict
+
+
+def _store_samples(session: Session, trial: Trial, report: TrialReport) -> None:
     if report.samples:
         # One executemany, not an ORM object per sample: a trial uploads thousands.
         rows = [
             {"trial_id": trial.id, **s.model_dump(include=SAMPLE_FIELDS)} for s in report.samples
         ]
         session.execute(insert(MemorySample), rows)
-    session.add(trial)
-    session.add(candidate)
-    session.commit()
-    return verdict
 
 
 def _record_resolution(session: Session, job: Job, trial: Trial, report: TrialReport) -> None:

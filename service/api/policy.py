@@ -61,6 +61,15 @@ def check_submission(request: JobCreate) -> None:
         _url(url, "extra_index_urls")
     for url in request.find_links:
         _url(url, "find_links")
+    if request.repo is not None:
+        # The server lists its commits (git over https only): never a path on its disk.
+        if not request.repo.startswith("https://"):
+            raise InvalidInput(
+                f"{request.repo!r}: the API takes an https URL of the repository "
+                "(a local clone's path is for `bisect-cli run` only)",
+                field="repo",
+            )
+        _url(request.repo, "repo")
     if request.python is not None:
         match = PYTHON_VERSION.fullmatch(request.python)
         if match is None or int(match["minor"]) not in PYTHON_MINORS:

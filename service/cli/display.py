@@ -10,6 +10,7 @@ from rich.table import Table
 from rich.text import Text
 
 from runners.wire import Sample
+from service import findings
 from service.baseenv import FORCED_NOTE
 from service.models import Candidate, Trial
 from service.report import CandidateRow, Report
@@ -153,6 +154,7 @@ def render_report(console: Console, report: Report, curves: dict[int, list[float
     console.print(_candidate_table(report))
     _evidence(console, report, curves)
     _dependency_diff(console, report)
+    _findings(console, report)
     if report.environment:
         console.print(f"environment: {report.environment}", soft_wrap=True)
     if report.machine:
@@ -232,6 +234,20 @@ def _dependency_diff(console: Console, report: Report) -> None:
         console.print(
             f"no other package changed between {report.last_old} and {report.first_new}"
         )
+
+
+def _findings(console: Console, report: Report) -> None:
+    """--from/--to, --attribute and --commits, each under its question (service/findings.py)."""
+    sections = (
+        ("which dependency", findings.dependency_lines(report.dependency)),
+        ("which allocation site", findings.attribution_lines(report.attribution, frames=2)),
+        ("which commit", findings.commit_lines(report.commit)),
+    )
+    for title, lines in sections:
+        if lines:
+            console.print(f"[bold]{title}[/]")
+            for line in lines:
+                console.print(outside(line), soft_wrap=True)
 
 
 def _machine_text(machine: dict[str, Any]) -> str:

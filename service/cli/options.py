@@ -144,17 +144,25 @@ def read_requirements(path: Path) -> list[str]:
     ]
 
 
-def read_base_env(path: Path) -> str:
-    """`--base-env FILE`'s text (the field checks it; past 1 MiB it says so)."""
+# Options naming a file of pins that the CLI reads: the field, its flag and its name field.
+ENV_FILES = {
+    "base_env": ("--base-env", "base_env_name"),
+    "from_env": ("--from", "from_env_name"),
+    "to_env": ("--to", "to_env_name"),
+}
+
+
+def read_env_file(flag: str, path: Path) -> str:
+    """An environment file's text (the field checks it; past 1 MiB it says so)."""
     try:
         with path.open("rb") as fh:
             data = fh.read(baseenv.MAX_BYTES + 1)
     except OSError as exc:
-        fail(f"--base-env: cannot read {path}: {exc.strerror}")
+        fail(f"{flag}: cannot read {path}: {exc.strerror}")
     try:
         return data.decode()
     except UnicodeDecodeError:
-        fail(f"--base-env: {path} is not UTF-8 text")
+        fail(f"{flag}: {path} is not UTF-8 text")
 
 
 def parse_variables(items: list[str] | None) -> dict[str, str]:
@@ -187,20 +195,23 @@ def job_request(
     requirements_file: Path | None = options.pop("requirements_file", None)
     if script is None:
         fail("SCRIPT: missing; give a repro script, or --example for the bundled one")
-    if not options.get("package"):
-        fail("--package: missing; name the package whose releases to bisect")
-    if not range_:
-        fail("--range: missing; write GOOD..BAD, e.g. 0.11.8..0.11.19")
+    if options.get("from_env") is None and options.get("to_env") is None:
+        # With --from/--to the package and its range come out of the two environments.
+        if not options.get("package"):
+            fail("--package: missing; name the package whose releases to bisect")
+        if not range_:
+            fail("--range: missing; write GOOD..BAD, e.g. 0.11.8..0.11.19")
     fields = {k: v for k, v in options.items() if v is not None}
     requirements = list(fields.pop("requirements", []))
     if requirements_file is not None:
         requirements += read_requirements(requirements_file)
     if "variables" in fields:
         fields["variables"] = parse_variables(fields["variables"])
-    if "base_env" in fields:
-        path = Path(fields["base_env"])
-        fields["base_env"], fields["base_env_name"] = read_base_env(path), path.name
-    return build(script, range_, requirements=requirements, **fields)
+    for name, (flag, name_field) in ENV_FILES.items():
+        if name in fields:
+            path = Path(fields[name])
+            fields[name], fields[name_field] = read_env_file(flag, path), path.name
+    return build(script, range_ or "", requirements=requirements, **fields)
 
 
 __all__ = [

@@ -1,0 +1,98 @@
+"""The stages beyond the releases, as lines of plain text: one wording for every report.
+
+The text report (service/cli/display.py), the Markdown report (service/markdown.py) and
+the web page's evidence section (service/web/templates/_job_live.html) all show
+`Report.dependency`, `Report.attribution` and `Report.commit` through these functions,
+so the three say the same thing. Pure: dicts in, strings out (the caller escapes).
+"""
+
+from typing import Any
+
+MIB = 1024 * 1024
+
+
+def _count(n: int, noun: str, plural: str | None = None) -> str:
+    return f"{n} {noun if n == 1 else plural or noun + 's'}"
+
+
+def dependency_lines(dependency: dict[str, Any] | None) -> list[str]:
+    """Which dependency: the changes, the minimal set and every mix that was judged."""
+    if not dependency:
+        return []
+    changes = dependency.get("changes", [])
+    mixes = dependency.get("mixes", [])
+    lines = [
+        f"{_count(len(changes), 'package')} changed between --from and --to; "
+        f"{_count(len(mixes), 'mix', 'mixes')} judged (at most "
+        f"{dependency.get('worst_case_mixes')} for {_count(len(changes), 'change')})"
+    ]
+    if dependency.get("message"):
+        lines.append(str(dependency["message"]))
+    if dependency.get("culprits") is not None:
+        certified = dependency.get("certified")
+        lines.append(
+            "certified 1-minimal: removing any one culprit makes it clean"
+            if certified
+            else "not certified 1-minimal: "
+            + ", ".join(", ".join(u) or "--from" for u in dependency.get("untested", []))
+            + " could not be judged"
+        )
+    for found in dependency.get("releases", []):
+        if found.get("first_bad"):
+            lines.append(
+                f"{found['package']}: first bad release {found['first_bad']}, "
+                f"last good {found['last_good']} (the other culprits held new)"
+            )
+        else:
+            lines.append(f"{found['package']}: {found.get('message')}")
+    for mix in mixes:
+        trials = _count(mix.get("trials", 0), "trial")
+        lines.append(f"  {mix.get('label')}: {mix.get('verdict')} ({trials})")
+    return lines
+
+
+def _stack_lines(stack: dict[str, Any], package: str | None, frames: int) -> list[str]:
+    """The site, then where below it the memory was allocated (a native stack's C frame
+    under the package's Python line), then `frames` of its callers."""
+    mark = f" <- {package}" if stack.get("in_package") and package else ""
+    lines = [f"  {stack.get('growth_bytes', 0) / MIB:+.1f} MiB  {stack.get('site')}{mark}"]
+    chain = list(stack.get("frames", []))
+    at = chain.index(stack["site"]) if stack.get("site") in chain else 0
+    if at > 0:
+        lines.append(f"      allocated in {chain[0]}")
+    return lines + [f"      {frame}" for frame in chain[at + 1 : at + 1 + frames]]
+
+
+def attribution_lines(attribution: dict[str, Any] | None, *, frames: int = 0) -> list[str]:
+    """Which allocation site, per tracer; `frames`: how many outer frames to add per stack."""
+    if not attribution:
+        return []
+    reused = attribution.get("reused_from")
+    lines = [
+        f"stacks growing in {attribution.get('first_bad')} and not in "
+        f"{attribution.get('last_good')} (tracing perturbs timing: never a verdict)"
+        + (f"; reused from job {reused}" if reused else "")
+    ]
+    for tracer, found in (attribution.get("tracers") or {}).items():
+        seconds = found.get("seconds") or {}
+        took = ", ".join(f"{k} {v:.1f} s" for k, v in seconds.items() if v is not None)
+        head = f"{tracer}{f' ({took})' if took else ''}"
+        lines.append(f"{head}: {found['note']}" if found.get("note") else head)
+        for stack in found.get("stacks", []):
+            lines += _stack_lines(stack, attribution.get("package"), frames)
+    return lines
+
+
+def commit_lines(commit: dict[str, Any] | None) -> list[str]:
+    """Which commit: the first bad one, the last good one, and those that did not build."""
+    if not commit:
+        return []
+    lines = [str(commit.get("message"))]
+    for name in ("last_good", "first_bad"):
+        entry = commit.get(name)
+        if entry:
+            lines.append(f"  {name.replace('_', ' ')}: {entry['sha']} {entry.get('subject') or ''}")
+    for entry in commit.get("unbuildable", []):
+        lines.append(f"  did not build (skipped): {entry['sha'][:12]} {entry.get('subject') or ''}")
+    lines.append(f"  {commit.get('commits')} commits between the two tags, both tags included")
+    return lines

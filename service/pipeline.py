@@ -1,0 +1,322 @@
+"""The work of the stages before and after the releases (service/stages.py has the order).
+
+`service/scheduler.py` calls these under the job's lock, after every trial; each says
+whether its stage has ended (and then has recorded it with `stages.finish`).
+
+* `mix_step`: one ddmin step (service/ddmin.py) over the mixes judged so far. A new
+  configuration becomes a mix candidate; a minimal set ends the stage and lists the first
+  culprit's releases as stage "". A bound of that release range is the same environment
+  as a mix ddmin judged already (the culprit at its old version is the minimal set minus
+  it), so the bound takes that mix's verdicts instead of running again.
+* `start`: the candidates of a stage that has none yet: a further culprit's releases
+  ("release:NAME") or the boundary's commits ("commit", service/commits.py).
+* `releases_done`: record the planner's outcome of a stage of versions.
+* `attribute_step`: one trial per tracer on each of the boundary pair, then their
+  comparison (runners/attribution.py) as `Job.attribution`; an earlier job that traced
+  the same pair under the same conditions (service/reuse.py) is copied instead.
+"""
+
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+from sqlmodel import Session
+
+from runners import attribution
+from service import commits, ddmin, reuse, stages
+from service.index import LOCAL, PYPI_SIMPLE, FetchPolicy, IndexUnavailable, project_urls
+from service.jobs import add_candidates, releases_between
+from service.models import Candidate, Job, JobStatus, Trial, TrialKind, TrialStatus
+from service.planner import Outcome
+from service.releases import RangeError
+from service.settings import get_settings
+from service.store import add_trials
+
+MIB = 1024 * 1024
+
+
+def _fetch(job: Job) -> FetchPolicy:
+    if job.local:
+        return LOCAL
+    from service.api.policy import fetch_policy  # the service's rules for reading indexes
+
+    return fetch_policy(get_settings())
+
+
+# --- the mix stage -------------------------------------------------------------------
+
+
+def mix_step(
+    session: Session, job: Job, slots: int, members: list[Candidate], running: set[int | None]
+) -> bool:
+    """Queue the mixes ddmin asks for; True once it has its answer (or cannot go on)."""
+    changes = stages.changes_of(job)
+    known = {frozenset(c.applied): stages.outcome_of(c) for c in members if c.evaluations}
+    busy = [frozenset(c.applied) for c in members if c.id in running]
+    answer = ddmin.step(changes, known, slots, running=busy)
+    if isinstance(answer, ddmin.Need):
+        by_config = {frozenset(c.applied): c for c in members}
+        position = stages.next_position(session, job)
+        for config in answer.configs:
+            candidate = by_config.get(config)
+            if candidate is None:
+                candidate = stages.new_mix(session, job, config, position)
+                position += 1
+                session.flush()
+            add_trials(session, job, candidate, len(candidate.evaluations) + 1, job.repeats)
+        return False
+    mixes = [_mix_row(c) for c in members if c.evaluations]
+    if isinstance(answer, ddmin.Failed):
+        status = JobStatus.BOUNDS_FAILED if "nothing to minimize" in answer.message else "error"
+        job.dependency = {**(job.dependency or {}), "mixes": mixes, "message": answer.message}
+        stages.finish(job, stages.MIX, status=str(status), message=answer.message)
+        return True
+    job.dependency = {
+        **(job.dependency or {}),
+        "culprits": [asdict(c) for c in answer.culprits],
+        "certified": answer.certified,
+        "untested": [sorted(u) for u in answer.untested],
+        "message": answer.message,
+        "mixes": mixes,
+    }
+    stages.finish(job, stages.MIX, status="found", message=answer.message)
+    first = next((c for c in answer.culprits if c.old and c.new), None)
+    if first is not None:
+        job.package, job.good, job.bad = first.name, first.old, first.new  # type: ignore[assignment]
+        try:
+            _start_releases(session, job, stages.RELEASES, first.name, members)
+        except RangeError as exc:  # listed nothing usable: the set is the answer
+            stages.finish(job, stages.RELEASES, status="error", message=str(exc))
+    return True
+
+
+def _mix_row(candidate: Candidate) -> dict[str, Any]:
+    return {
+        "applied": list(candidate.applied),
+        "label": candidate.version,
+        "verdict": candidate.verdict,
+        "candidate_id": candidate.id,
+    }
+
+
+def _start_releases(
+    session: Session, job: Job, stage: str, package: str, mixes: list[Candidate]
+) -> list[Candidate]:
+    """A culprit's releases from its old to its new version, the other culprits held."""
+    change = next(c for c in stages.changes_of(job) if c.name == package)
+    found = releases_between(job, package, change.old or "", change.new or "", _fetch(job))
+    start = stages.next_position(session, job)
+    add_candidates(session, job, found, stage=stage, start=start,
+                   pins=lambda version: stages.held_pins(job, package, version))  # fmt: skip
+    session.flush()
+    created = _of_stage(session, job, stage)
+    by_pins = {tuple(m.pins): m for m in mixes if m.evaluations}
+    for bound in (created[0], created[-1]):
+        mix = by_pins.get(tuple(bound.pins))
+        if mix is not None:  # the very environment ddmin judged: its verdicts stand
+            bound.evaluations, bound.verdict = list(mix.evaluations), mix.verdict
+            bound.growth_mib, bound.freeze = mix.growth_mib, list(mix.freeze or [])
+            bound.resolution_note = f"judged as the mix {mix.version!r} (the same environment)"
+            session.add(bound)
+    return created
+
+
+def _of_stage(session: Session, job: Job, stage: str) -> list[Candidate]:
+    from service.store import candidates_of
+
+    return candidates_of(session, job, stage=stage)
+
+
+# --- stages of versions --------------------------------------------------------------
+
+
+def start(session: Session, job: Job, stage: str) -> list[Candidate]:
+    """The candidates of a stage that has none yet; [] when the stage ended at once."""
+    if stage == stages.COMMIT:
+        return _start_commits(session, job)
+    package = stages.package_of(job, stage)
+    mixes = _of_stage(session, job, stages.MIX)
+    try:
+        return _start_releases(session, job, stage, package, mixes)
+    except RangeError as exc:
+        stages.finish(job, stage, package=package, status="error", message=str(exc))
+        return []
+
+
+def _start_commits(session: Session, job: Job) -> list[Candidate]:
+    found = (stages.record(job, stages.RELEASES) or {}).get("result") or {}
+    good, bad = found.get("last_old"), found.get("first_new")
+    releases = {c.version: c for c in _of_stage(session, job, stages.RELEASES)}
+    try:
+        repo, listed = _commits_between(job, good, bad)
+    except (commits.CommitsError, IndexUnavailable) as exc:
+        stages.finish(job, stages.COMMIT, package=job.package, status="error", message=str(exc))
+        return []
+    held = list(releases[bad].pins) if bad in releases else []
+    start_at = stages.next_position(session, job)
+    for position, commit in enumerate(listed, start_at):
+        session.add(
+            Candidate(
+                job_id=job.id,  # type: ignore[arg-type]
+                position=position,
+                version=commit.sha[:12],
+                stage=stages.COMMIT,
+                pins=held,
+                source=commits.source_ref(repo, commit.sha),
+                subject=commit.subject,
+            )
+        )
+    session.flush()
+    return _of_stage(session, job, stages.COMMIT)
+
+
+def _commits_between(job: Job, good: str, bad: str) -> tuple[str, list[commits.Commit]]:
+    """The repository and its commits from the good release's tag to the bad one's, both
+    tags included: the good tag's commit is the search's good bound."""
+    repo = job.repo
+    if repo is None:
+        urls = project_urls(job.package, bad, index_url=job.index_url or PYPI_SIMPLE,
+                            policy=_fetch(job))  # fmt: skip
+        repo = commits.repo_from_urls(urls)
+    if repo is None:
+        raise commits.CommitsError(
+            f"--commits: no source repository in {job.package} {bad}'s project URLs; "
+            "give it with --repo URL (or a local clone's path, with bisect-cli run)"
+        )
+    where = commits.checkout_for(repo, _git_cache())
+    old_tag = commits.tag_for(where, job.package, good)
+    new_tag = commits.tag_for(where, job.package, bad)
+    listed = commits.list_commits(where, old_tag, new_tag)
+    return repo, [commits.tag_commit(where, old_tag), *listed]
+
+
+def _git_cache() -> Path:
+    return get_settings().cache_dir / "git"
+
+
+def releases_done(
+    session: Session, job: Job, stage: str, outcome: Outcome, members: list[Candidate]
+) -> None:
+    """Record how the planner ended a stage of versions (releases or commits)."""
+
+    def version(index: int | None) -> str | None:
+        return None if index is None else members[index].version
+
+    result = {
+        "status": outcome.status,
+        "last_old": version(outcome.last_old),
+        "first_new": version(outcome.first_new),
+        "skipped": [members[i].version for i in outcome.skipped],
+        "message": outcome.message,
+    }
+    package = stages.package_of(job, stage)
+    message = outcome.message
+    if stage == stages.COMMIT:
+        job.commit = _commit_record(members, outcome, result)
+        message = job.commit["message"]
+    stages.finish(job, stage, package=package, status=outcome.status, message=message,
+                  result=result)  # fmt: skip
+
+
+def _commit_record(members: list[Candidate], outcome: Outcome, result: dict) -> dict[str, Any]:
+    def entry(index: int | None) -> dict[str, Any] | None:
+        if index is None:
+            return None
+        c = members[index]
+        return {"sha": (c.source or "").rsplit("@", 1)[-1], "subject": c.subject}
+
+    first, last = entry(outcome.first_new), entry(outcome.last_old)
+    skipped = [entry(i) for i in outcome.skipped]
+    unbuildable = [
+        {"sha": (c.source or "").rsplit("@", 1)[-1], "subject": c.subject}
+        for c in members
+        if c.verdict == "skip"
+    ]
+    if outcome.status == "found" and first is not None:
+        message = f"first leaking commit: {first['sha'][:12]} {first['subject']}"
+    else:
+        message = f"commits: {outcome.message}"
+    return {**result, "first_bad": first, "last_good": last, "skipped_commits": skipped,
+            "unbuildable": unbuildable, "commits": len(members), "message": message}  # fmt: skip
+
+
+# --- the attribute stage -------------------------------------------------------------
+
+ENDED = (TrialStatus.DONE, TrialStatus.CANCELLED)
+
+
+def attribute_step(
+    session: Session, job: Job, everything: list[Candidate], trials: list[Trial]
+) -> bool:
+    """Trace the boundary pair once per tracer; True once the comparison is stored."""
+    found = (stages.record(job, stages.RELEASES) or {}).get("result") or {}
+    releases = {c.version: c for c in everything if c.stage == stages.RELEASES}
+    good, bad = releases.get(found.get("last_old")), releases.get(found.get("first_new"))
+    if good is None or bad is None:
+        stages.finish(job, stages.ATTRIBUTE, status="error", message=None)
+        return True
+    traced = [t for t in trials if t.kind == TrialKind.ATTRIBUTE]
+    if not traced and (source := reuse.find_attribution(session, job, good, bad)):
+        job.attribution = {**(source.attribution or {}), "reused_from": source.id}
+        message = f"{job.attribution['message']} (reused from job {source.id})"
+        stages.finish(job, stages.ATTRIBUTE, status="done", message=message)
+        return True
+    if not traced:
+        for candidate in (good, bad):
+            for tracer in stages.TRACERS:
+                add_trials(session, job, candidate, len(candidate.evaluations),
+                           1, kind=TrialKind.ATTRIBUTE, trace=tracer)  # fmt: skip
+        return False
+    if any(t.status not in ENDED for t in traced):
+        return False
+    job.attribution = compare_traces(job, good, bad, traced)
+    stages.finish(job, stages.ATTRIBUTE, status="done", message=job.attribution["message"])
+    return True
+
+
+def compare_traces(job: Job, good: Candidate, bad: Candidate, traced: list[Trial]) -> dict:
+    """Per tracer: the stacks that grow in `bad` and not in `good` (runners/attribution.py)."""
+    by_tracer: dict[str, Any] = {}
+    for tracer in stages.TRACERS:
+        pair = {t.candidate_id: t for t in traced if t.trace == tracer}
+        g, b = pair.get(good.id), pair.get(bad.id)
+        growth = _growth(b)
+        by_tracer[tracer] = attribution.compare(
+            _profile(g), _profile(b), job.package, tracer=tracer,
+            rss_growth_bytes=None if growth is None else growth * MIB,
+        )  # fmt: skip
+        by_tracer[tracer]["seconds"] = {"good": _seconds(g), "bad": _seconds(b)}
+    return {
+        "package": job.package,
+        "last_good": good.version,
+        "first_bad": bad.version,
+        "tracers": by_tracer,
+        "message": _attribution_message(by_tracer),
+    }
+
+
+def _attribution_message(by_tracer: dict[str, Any]) -> str:
+    """The top site of the first tracer that found one, else what the tracers said."""
+    for finding in by_tracer.values():
+        if line := attribution.headline(finding):
+            return line
+    notes = [f"{t}: {f['note']}" for t, f in by_tracer.items() if f.get("note")]
+    return "; ".join(notes) or "no growing stack found"
+
+
+def _profile(trial: Trial | None) -> dict[str, Any] | None:
+    """The trial's profile; a trial that failed before writing one says why."""
+    if trial is None:
+        return None
+    if trial.profile is None and trial.error:
+        return {"error": trial.error.strip().splitlines()[0][:300]}
+    return trial.profile
+
+
+def _growth(trial: Trial | None) -> float | None:
+    return None if trial is None else (trial.analysis or {}).get("growth_mib")
+
+
+def _seconds(trial: Trial | None) -> float | None:
+    """How long the traced script ran; None when it never started (the tracer's install)."""
+    return None if trial is None or trial.exit_code is None else trial.duration_s
