@@ -188,6 +188,21 @@ def report(held: dict[str, Any], runner_id: str) -> dict[str, Any]:
         "duration_s": 60.0,
         "log_tail": f"ran {version}\n",
         "samples": series(leaks),
+        "attribution": profile(spec["trace"], leaks) if spec["kind"] == "attribute" else None,
+    }
+
+
+def profile(tracer: str, leaks: bool) -> dict[str, Any]:
+    """A tracer's profile as runners/tracehelper.py writes it: a leaking release's cache
+    line grows 2 MiB a step from the third snapshot on; a clean one's holds still."""
+    sizes = [i * 2 * MIB if leaks else MIB for i in range(1, 7)]
+    frames = [["repro.py", 7, "<module>"], ["leakyfixture/core.py", 41, "step"]]
+    times = [{"t": float(i), "step": i} for i in range(6)]
+    return {
+        "tracer": tracer,
+        "error": None,
+        "snapshots": times,
+        "stacks": [{"frames": frames, "sizes": sizes}],
     }
 
 
@@ -407,8 +422,30 @@ def test_one_runner_bisects_over_http(client: TestClient, fixture_index: str) ->
         {"package": "leakyfixture", "last_good": "1.0.5", "first_bad": "1.0.6"}
     ]
     assert shown["message"] == (
-        "first bad is 1.0.6 and last good is 1.0.5, each confirmed by a second evaluation"
+        "first bad is 1.0.6 and last good is 1.0.5, each confirmed by a second evaluation\n"
+        "grows at leakyfixture/core.py:41 in step (+8.0 MiB, tracemalloc)"
     )
+    # --attribute (on by default): each tracer ran both ends once more; the site is the
+    # package's line, and tracemalloc's 8 MiB cannot explain the run's 95.5 MiB of RSS.
+    attributed = shown["attribution"]
+    assert (attributed["last_good"], attributed["first_bad"]) == ("1.0.5", "1.0.6")
+    assert list(attributed["tracers"]) == ["tracemalloc", "memray"]
+    for tracer, finding in attributed["tracers"].items():
+        assert finding["seconds"] == {"good": 60.0, "bad": 60.0}
+        assert finding["stacks"] == [
+            {
+                "site": "leakyfixture/core.py:41 in step",
+                "in_package": True,
+                "growth_bytes": 8 * MIB,
+                "good_growth_bytes": 0,
+                "grew_in": 1.0,
+                "frames": ["leakyfixture/core.py:41 in step", "repro.py:7 in <module>"],
+            }
+        ], tracer
+    assert attributed["tracers"]["tracemalloc"]["note"] == (
+        "native, not visible to tracemalloc: the stacks explain 8.0 MiB of 95.5 MiB of RSS growth"
+    )
+    assert attributed["tracers"]["memray"]["note"] is None
 
     # The trial and its memory series, as a client reads them.
     evidence = shown["evidence"][1]
@@ -701,7 +738,10 @@ def test_more_refusals_name_their_cause(
         assert response.status_code == 422
         assert response.json()["detail"].startswith("body: invalid JSON")
         response = client.post(f"{API}/jobs", json={"script": "pass"})
-        assert response.json() == {"detail": "package: field required; range: field required"}
+        assert response.json() == {
+            "detail": "package: missing; name the package whose releases to bisect; "
+            "range: missing; write GOOD..BAD, e.g. 1.0.0..1.0.9"
+        }
         response = client.post(f"{API}/jobs", json=body(fixture_index, script="#" * (9 * MIB)))
         assert response.status_code == 413
         created = submit(client, fixture_index)

@@ -117,7 +117,7 @@ BAD_JOBS: list[tuple[dict[str, Any], str]] = [
     ({"requirements": ["x"] * 201}, "requirements: at most 200 requirements, got 201"),
     ({"requirements": ["x" * 2001]}, "requirements: an entry is longer than 2000 characters"),
     ({"extra_index_urls": ["http://a"] * 21}, "extra_index_urls: at most 20 entries, got 21"),
-    ({"package": ""}, "package: String should have at least 1 character"),
+    ({"package": ""}, "package: missing; name the package whose releases to bisect"),
     ({"package": "a" * 201}, "package: String should have at most 200 characters"),
     ({"package": "not a name!"}, "package: 'not a name!' is not a package name"),
     ({"range": "1.0.0"}, "range: '1.0.0' is not a range"),

@@ -422,7 +422,7 @@ def test_run_with_a_base_env_finds_the_example_answer_in_that_environment(
     assert (json.loads(constraints), state, name) == (
         ["codep==1.0", "other==1.0"], "resolved", "base.txt"
     )  # fmt: skip
-    assert kinds == {"run"}  # the base env is the pins: no resolve trial
+    assert kinds == {"run", "attribute"}  # the base env is the pins: no resolve trial
     for version in ("1.0.5", "1.0.6"):
         # `other` is in although nothing requires it, at the base env's version.
         assert sorted(json.loads(freezes[version])) == [

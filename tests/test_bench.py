@@ -9,19 +9,21 @@ import sys
 from pathlib import Path
 
 from bench.report import HEADINGS
+from bench.stages import ddmin_counts
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def test_quick_benchmark_writes_every_section_with_tables(tmp_path: Path) -> None:
+def bench(*args: str) -> None:
+    """Run a benchmark command from the repository root; it must succeed."""
     proc = subprocess.run(
-        [sys.executable, "-m", "bench", "--quick", "--out", str(tmp_path)],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=580,
+        [sys.executable, *args], cwd=ROOT, capture_output=True, text=True, timeout=580
     )
     assert proc.returncode == 0, proc.stderr[-4000:]
+
+
+def test_quick_benchmark_writes_every_section_with_tables(tmp_path: Path) -> None:
+    bench("-m", "bench", "--quick", "--out", str(tmp_path))
 
     md = (tmp_path / "benchmarks.md").read_text()
     assert "Not measured in this run" not in md
@@ -39,3 +41,33 @@ def test_quick_benchmark_writes_every_section_with_tables(tmp_path: Path) -> Non
         assert body.count("Command: `uv run python -m bench --quick") >= len(tables), heading
     for png in ("classifier_rates.png", "classifier_sweep.png", "bisection.png", "envs.png"):
         assert (tmp_path / "bench" / png).stat().st_size > 0, png
+
+
+def test_stages_bench_writes_its_report(tmp_path: Path) -> None:
+    report = tmp_path / "bench-stages.md"
+    bench("bench/stages.py", "--repeats", "1", "--report", str(report))
+    md = report.read_text()
+    # ddmin is pure: its counts are exact (every position, every pair up to 16 changes).
+    assert "| 6 | 56 | 5.83 / 7 | 12.87 / 21 | 15 |" in md
+    assert "| 16 | 306 | 8.00 / 10 | 20.97 / 28 | 120 |" in md
+    for run in ("untraced", "tracemalloc", "memray"):
+        assert re.search(rf"^\| {run} \| \d+\.\d\d \| ", md, re.M), run
+
+
+def test_readme_ddmin_table_is_the_benchmarks() -> None:
+    """The README's rows of mixes per culprit are what bench/stages.py counts."""
+    rows = ddmin_counts()
+
+    def cells(key: str) -> list[str]:
+        out = []
+        for r in rows:
+            v = r[key]
+            out.append(f"{sum(v) / len(v):.1f} / {max(v)}" if v else "")
+        return out
+
+    text = (ROOT / "README.md").read_text()
+    single = re.search(r"^\| one culprit: mean / max over its n positions \|(.*)\|$", text, re.M)
+    pair = re.search(r"^\| two interacting: mean / max over every pair \|(.*)\|$", text, re.M)
+    assert single and pair
+    assert [c.strip() for c in single.group(1).split("|")] == cells("single")
+    assert [c.strip() for c in pair.group(1).split("|")] == cells("pair")

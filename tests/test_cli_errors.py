@@ -148,3 +148,42 @@ def test_a_bad_setting_is_one_line_naming_its_variable():
     )
     assert result.returncode == 2
     assert result.stderr == "error: BISECT_GPU_EXCLUSIVE: Input should be 'auto', 'yes' or 'no'\n"
+
+
+ENV_CASES = [
+    (["--from", "g.txt"], "--to: give both --from (the good environment) and --to (the bad "
+     "one), or neither"),
+    (["--to", "b.txt"], "--to: give both --from (the good environment) and --to (the bad "
+     "one), or neither"),
+    (["--from", "g.txt", "--to", "b.txt", "--package", "x"], "--package: not with --from/--to: "
+     "the two environments say which packages changed, and the search finds the culprit"),
+    (["--from", "g.txt", "--to", "b.txt", "--range", "1..2"], "--range: not with --from/--to: "
+     "the two environments are the range"),
+    (["--from", "g.txt", "--to", "g.txt"], "--to: the two environments pin the same versions: "
+     "there is no change to blame"),
+    (["--from", "missing.txt", "--to", "b.txt"], "--from: cannot read missing.txt: No such file "
+     "or directory"),
+    (["--from", "g.txt", "--to", "url.txt"], "--to: line 1: 'a @ https://x/y.whl' is a direct "
+     "reference (URL, VCS or local path), which is never built from a job; pin it to a version "
+     "on an index"),
+    (["--from", "g.txt", "--to", "b.txt", "--find-fix"], "--find-fix: cannot be combined with "
+     "--from/--to, which find what makes the good environment leak"),
+    (["--from", "g.txt", "--to", "b.txt", "--base-env", "g.txt"], "--base-env: cannot be "
+     "combined with --from/--to: --from is the base environment"),
+    (["--from", "g.txt", "--to", "b.txt", "--as-released"], "--as-released: cannot be combined "
+     "with --from/--to: the two environments hold every version already"),
+    (["--package", "leakyfixture", "--range", "1.0.0..1.0.9", "--repo", "/tmp"], "--repo: only "
+     "with --commits, which bisects the repository's commits"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("args", "message"), ENV_CASES)
+def test_bad_from_to_is_one_line_and_exit_2(
+    invoke, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, args: list[str], message: str
+) -> None:
+    (tmp_path / "g.txt").write_text("a==1\nb==2\n")
+    (tmp_path / "b.txt").write_text("a==1\nb==3\n")
+    (tmp_path / "url.txt").write_text("a @ https://x/y.whl\n")
+    monkeypatch.chdir(tmp_path)
+    code, stdout, stderr = invoke(REPRO, *args)
+    assert (code, stdout, stderr) == (2, "", f"error: {message}\n")

@@ -25,6 +25,8 @@ from typer.testing import CliRunner
 
 from runners.client import ApiClient, ApiError
 from service.cli import app
+from service.example.index import serve_index
+from service.example.suite import build_suite
 from service.settings import get_settings
 from tests.waiting import wait_until
 
@@ -201,6 +203,9 @@ def test_submit_wait_two_runners_finds_the_first_leak(
         {"package": "leakyfixture", "last_good": "1.0.5", "first_bad": "1.0.6"}
     ]
     assert proc.stdout.count("\n") == 1  # one JSON object; progress went nowhere
+    # --attribute is on by default through the service too: the leak's line, by tracemalloc.
+    traced = report["attribution"]["tracers"]["tracemalloc"]["stacks"]
+    assert traced[0]["site"] == "leakyfixture/__init__.py:22 in _touched"
     # Both runner processes did work.
     with service.client() as client:
         runners = set()
@@ -246,6 +251,50 @@ def test_status_list_logs(service: Service, bisection: tuple) -> None:
     missing = service.invoke("logs", str(job), "999")
     assert missing.exit_code == 2
     assert missing.stderr == f"error: HTTP 404: job {job} has no trial 999\n"
+
+
+def test_submit_from_to_finds_the_dependency_then_its_release(
+    service: Service, reachable_dir
+) -> None:
+    """Which dependency through the service: the environment files travel in the job."""
+    suite = build_suite(reachable_dir("service-suite") / "suite", "one")
+    with serve_index(suite.find_links) as index:
+        proc = service.cli(
+            "submit", str(suite.repro), "--from", str(suite.good), "--to", str(suite.bad),
+            "--index-url", index, "--wait", "--json", "--no-attribute", timeout=400,
+        )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr + "".join(p.read_text() for p in service.logs)
+    report = json.loads(proc.stdout)
+    found = report["dependency"]
+    assert [c["name"] for c in found["culprits"]] == ["suite-gamma"]
+    assert (found["message"], found["certified"]) == (
+        "leaks when suite-gamma 1.0.0 -> 1.0.5 is applied", True
+    )  # fmt: skip
+    # Two runners: ddmin also tries a mix ahead while one is judged (7 mixes with one slot,
+    # tests/test_stages_e2e.py), always within the bound; a mix leaks iff new gamma is in it.
+    mixes = found["mixes"]
+    assert 7 <= len(mixes) <= found["worst_case_mixes"]
+    assert [m["label"] for m in mixes[:2]] == ["--from env", "--to env"]
+    assert all(
+        (m["verdict"] == "leak") == (m["label"] == "--to env" or "suite-gamma 1.0.5" in m["label"])
+        for m in mixes
+    ), mixes
+    assert [(r["package"], r["last_good"], r["first_bad"]) for r in found["releases"]] == [
+        ("suite-gamma", "1.0.2", "1.0.3")
+    ]
+
+
+def test_submit_commits_takes_only_an_https_repository(service: Service, tmp_path: Path) -> None:
+    """A local clone is `bisect-cli run`'s: the API never reads the server's disk for it."""
+    refused = service.invoke(
+        "submit", str(REPRO), "--package", "leakyfixture", "--range", "1.0.5..1.0.6",
+        "--commits", "--repo", str(tmp_path),
+    )  # fmt: skip
+    assert refused.exit_code == 2
+    assert refused.stderr == (
+        f"error: HTTP 422: repo: {str(tmp_path)!r}: the API takes an https URL of the "
+        "repository (a local clone's path is for `bisect-cli run` only)\n"
+    )
 
 
 def test_submit_prints_url_and_cancel_kills_the_trial(

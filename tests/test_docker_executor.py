@@ -7,12 +7,14 @@ CI (tests/docker_util.py).
 from __future__ import annotations
 
 import contextlib
+import io
 import json
 import os
 import signal
 import socket
 import subprocess
 import sys
+import tarfile
 import textwrap
 import threading
 from collections.abc import Iterator
@@ -22,7 +24,8 @@ from typing import Any
 import pytest
 from docker.errors import NotFound
 
-from runners.docker import DockerExecutor
+from runners import tracing
+from runners.docker import DockerExecutor, _profile
 from runners.docker_spec import LABEL_RUNNER, LABEL_TRIAL, TRIAL_UID
 from runners.wire import EnvSpec, TrialReport, TrialSpec
 from service.analysis import classify_run
@@ -362,3 +365,112 @@ def test_serve_with_embedded_docker_runners_finds_the_first_leak(
         assert svc.stop() == 0
     # The embedded runner ran its trials in containers: none is left.
     assert client.containers.list(all=True, filters={"label": "leakbisect.phase=run"}) == []
+
+
+REPRO_SCRIPT = (Path(__file__).parent.parent / "service" / "example" / "repro.py").read_text()
+LEAK_FRAMES = [
+    ["repro.py", 36, "<module>"],
+    ["repro.py", 24, "main"],
+    ["leakyfixture/__init__.py", 30, "step"],
+    ["leakyfixture/__init__.py", 22, "_touched"],
+]
+
+
+def test_an_attribute_trial_under_tracemalloc_profiles_the_leaking_line_in_its_container(
+    executor: DockerExecutor, fixture_index: str
+) -> None:
+    spec = trial(fixture_index, REPRO_SCRIPT, version="1.0.6", kind="attribute",
+                 trace="tracemalloc", timeout_s=120)  # fmt: skip
+    report = executor.run_trial(spec)
+    assert report.env.ok, report.env.error
+    assert report.env.freeze == ["leakyfixture==1.0.6"]  # nothing added for tracemalloc
+    assert report.exit_code == 0, report.log_tail
+    assert [n for _t, n in report.steps] == list(range(1, 41))  # the helper passes them on
+    profile = report.attribution
+    assert profile is not None
+    assert (profile["tracer"], profile["error"]) == ("tracemalloc", None)
+    assert len(profile["snapshots"]) == len(profile["stacks"][0]["sizes"]) >= 2
+    # The stack that grew most is the leak's: frames outermost first, the allocating line
+    # last; at the end it holds all 40 retained MiB (each bytearray with its 57-byte header).
+    grown = profile["stacks"][0]
+    assert grown["frames"] == LEAK_FRAMES
+    assert grown["sizes"][-1] == 40 * (MiB + 57)
+    assert grown["sizes"] == sorted(grown["sizes"])
+    innermost = [s["frames"][-1] for s in profile["stacks"]]
+    assert ["leakyfixture/__init__.py", 22, "_touched"] in innermost
+    assert executor.leftovers() == []
+
+
+def test_an_attribute_trial_killed_before_its_end_reports_that_it_wrote_no_profile(
+    executor: DockerExecutor, fixture_index: str
+) -> None:
+    forever = "import time\nwhile True: time.sleep(0.1)\n"
+    spec = trial(fixture_index, forever, kind="attribute", trace="tracemalloc", timeout_s=3)
+    report = executor.run_trial(spec)
+    assert report.timed_out is True
+    assert report.exit_code == -9
+    assert report.attribution == {
+        "error": "the traced run wrote no profile (it was killed or exited early)"
+    }
+    assert executor.leftovers() == []
+
+
+def test_a_memray_trial_whose_env_cannot_install_memray_says_so_in_its_attribution(
+    executor: DockerExecutor, fixture_index: str
+) -> None:
+    spec = trial(fixture_index, REPRO_SCRIPT, version="1.0.6", kind="attribute", trace="memray")
+    report = executor.run_trial(spec)
+    # The offline fixture index has no memray: the build fails, nothing runs.
+    assert report.env.ok is False
+    assert report.exit_code is None
+    assert report.samples == []
+    assert report.error is None
+    assert report.env.error is not None
+    assert "Because memray was not found in the package registry" in report.env.error
+    assert report.attribution == tracing.not_installed("memray", report.env.error)
+    assert report.attribution["tracer"] == "memray"
+    assert report.attribution["error"].startswith("memray did not install: ")
+    assert executor.leftovers() == []
+
+
+class _Archived:
+    """A stopped container as `runners.docker._profile` sees it: `get_archive` only."""
+
+    def __init__(self, member: tarfile.TarInfo | None, data: bytes = b"") -> None:
+        self.member, self.data = member, data
+
+    def get_archive(self, path: str) -> tuple[Iterator[bytes], dict[str, Any]]:
+        if self.member is None:
+            raise NotFound(path)
+        buf = io.BytesIO()
+        with tarfile.open(fileobj=buf, mode="w") as tar:
+            tar.addfile(self.member, io.BytesIO(self.data) if self.member.isfile() else None)
+        return iter([buf.getvalue()]), {"size": self.member.size}
+
+
+def _file(data: bytes) -> _Archived:
+    info = tarfile.TarInfo(tracing.PROFILE_NAME)
+    info.size = len(data)
+    return _Archived(info, data)
+
+
+def test_a_profile_copied_out_is_read_as_the_local_executor_reads_one() -> None:
+    cap = tracing.MAX_PROFILE_BYTES
+    assert _profile(_file(b'{"tracer": "tracemalloc", "error": null}')) == {
+        "tracer": "tracemalloc", "error": None,
+    }  # fmt: skip
+    assert _profile(_Archived(None)) == {
+        "error": "the traced run wrote no profile (it was killed or exited early)"
+    }
+    assert _profile(_file(b" " * (cap + 1))) == {
+        "error": f"the profile is {cap + 1} bytes; at most {cap}"
+    }
+    assert _profile(_file(b"[1]")) == {"error": "the profile is not an object"}
+    assert _profile(_file(b"{")) == {"error": "the profile could not be read: Expecting "
+                                     "property name enclosed in double quotes: line 1 column "
+                                     "2 (char 1)"}  # fmt: skip
+    link = tarfile.TarInfo(tracing.PROFILE_NAME)
+    link.type, link.linkname = tarfile.SYMTYPE, "/etc/passwd"
+    assert _profile(_Archived(link)) == {
+        "error": "the profile could not be read: it is not a plain file"
+    }

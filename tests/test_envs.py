@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import json
+import os
 import subprocess
 import sys
 import zipfile
@@ -16,11 +18,12 @@ from pathlib import Path
 
 import pytest
 
-from runners import envs, uvrun
+from runners import envs, users, uvrun
 from runners.envs import EnvError, build_env, find_python, freeze_diff, resolve_pins, spec_hash
 from runners.wire import EnvSpec
-from service.example.fixture import FixtureSpec, build_fixture
+from service.example.fixture import FixtureSpec, build_fixture, pack_wheel
 from service.example.index import serve_index
+from tests.gitfixture import BROKEN_MESSAGE, make_repo
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -70,7 +73,8 @@ def build(reachable_tmp: Path, cache_dir: Path, index_url: str):
 
     def _build(version: str = "1.0.2", **kw):
         kw.setdefault("index_url", index_url)
-        spec = EnvSpec(package="leakyfixture", version=version, **kw)
+        kw.setdefault("package", "leakyfixture")
+        spec = EnvSpec(version=version, **kw)
         return build_env(spec, root=root, cache_dir=cache_dir)
 
     _build.root = root
@@ -334,3 +338,185 @@ def test_errors_are_trimmed() -> None:
     )
     trimmed = uvrun.meaningful(stderr)
     assert trimmed.splitlines() == [f"  cause: line {i}" for i in range(20, 40)]
+
+
+# ---------------------------------------------------------------------------
+# strict mixes
+
+
+@pytest.fixture(scope="session")
+def mix_links(reachable_dir) -> str:
+    """find-links wheels for mixes: mixb 1.0 needs mixc, mixb 2.0 needs mixc>=2."""
+    links = reachable_dir("mix-wheels")
+    for name, version, requires in [
+        ("mixb", "1.0", ["mixc"]),
+        ("mixb", "2.0", ["mixc>=2"]),
+        ("mixc", "1.0", []),
+        ("mixc", "2.0", []),
+    ]:
+        module = {f"{name}/__init__.py": f"__version__ = {version!r}\n".encode()}
+        pack_wheel(links / f"{name}-{version}-py3-none-any.whl", name, version, module,
+                   summary="a mix test wheel", requires_dist=requires)  # fmt: skip
+    return str(links)
+
+
+def _mix(build, mix_links: str, version: str, *, strict: bool = True):
+    pins = ["mixb==1.0", "mixc==1.0", "fixturehelper==1.0"]
+    return build(version, base_env=True, strict=strict, constraints=pins,
+                 find_links=[mix_links], package="mixb")  # fmt: skip
+
+
+def test_strict_mix_installs_exactly_the_pins(build, mix_links: str) -> None:
+    result = _mix(build, mix_links, "1.0")
+    assert result.ok, result.error
+    assert result.resolution == "strict" and result.resolution_note is None
+    assert not result.unresolvable
+    assert result.freeze == ["fixturehelper==1.0", "mixb==1.0", "mixc==1.0"]
+    venv = Path(result.path)
+    assert (venv / envs.BASE_FILE).read_text() == "mixc\nfixturehelper\n"
+    assert (venv / envs.CONSTRAINTS_FILE).read_text() == "mixc==1.0\nfixturehelper==1.0\n"
+    again = _mix(build, mix_links, "1.0")
+    assert again.reused and again.resolution == "strict"
+
+
+def test_strict_mix_that_cannot_resolve_is_unresolvable(build, mix_links: str) -> None:
+    result = _mix(build, mix_links, "2.0")
+    assert not result.ok and result.unresolvable
+    assert result.resolution == "strict" and result.path is None and result.freeze == []
+    assert result.error == (
+        "Because mixb>=2.0 depends on mixc>=2 and you require mixb==2.0, we can conclude that "
+        "you require mixc>=2. And because you require mixc==1.0, we can conclude that your "
+        "requirements are unsatisfiable."
+    )
+    assert _venv_dirs(build.root) == []
+    # The same mix, not strict: the base environment leaves the pin uv names.
+    loose = _mix(build, mix_links, "2.0", strict=False)
+    assert loose.ok, loose.error
+    assert not loose.unresolvable
+    assert loose.resolution == "constrained"
+    assert loose.freeze == ["fixturehelper==1.0", "mixb==2.0", "mixc==2.0"]
+    assert loose.resolution_note == f"base env, except mixc 1.0 -> 2.0 (uv: {result.error})"
+
+
+def test_strict_needs_a_base_env(build) -> None:
+    with pytest.raises(EnvError) as info:
+        build("1.0.2", strict=True, constraints=["fixturehelper==1.0"])
+    assert str(info.value) == "strict holds a base environment's pins: it needs base_env"
+
+
+# ---------------------------------------------------------------------------
+# builds from a git source
+
+
+def _module_text(result) -> str:
+    return next(Path(result.path).glob("lib/python*/site-packages/gitpkg.py")).read_text()
+
+
+def test_source_builds_the_commit(build, reachable_tmp: Path) -> None:
+    repo = make_repo(reachable_tmp / "clone")
+    first = repo.commit("VALUE = 1\n")
+    second = repo.commit("VALUE = 2\n")
+    results = {}
+    for sha in (first, second):
+        source = f"git+file://{repo.path}@{sha}"
+        result = build("0.1", package="gitpkg", source=source)
+        assert result.ok, result.error
+        assert result.freeze == [f"gitpkg @ {source}"]
+        assert result.resolution == "free"
+        results[sha] = result
+    assert _module_text(results[first]) == "VALUE = 1\n"
+    assert _module_text(results[second]) == "VALUE = 2\n"
+    assert results[first].path != results[second].path
+    out = subprocess.run(
+        [results[second].python_executable, "-c", "import gitpkg; print(gitpkg.VALUE)"],
+        capture_output=True, text=True, check=True,
+    )  # fmt: skip
+    assert out.stdout == "2\n"
+    again = build("0.1", package="gitpkg", source=f"git+file://{repo.path}@{first}")
+    assert again.reused and again.path == results[first].path
+
+
+def test_source_that_does_not_build_fails(build, reachable_tmp: Path) -> None:
+    repo = make_repo(reachable_tmp / "clone")
+    sha = repo.commit("VALUE = 1\n", broken=True)
+    result = build("0.1", package="gitpkg", source=f"git+file://{repo.path}@{sha}")
+    assert not result.ok and not result.unresolvable
+    assert result.path is None and result.freeze == []
+    lines = [line.strip() for line in result.error.splitlines()]
+    assert lines[0] == f"error: Failed to build `gitpkg @ git+file://{repo.path}@{sha}`"
+    assert lines[1:3] == [
+        "cause: The build backend returned an error",
+        "cause: Call to `fixture_backend.build_wheel` failed (exit status: 1)",
+    ]
+    assert f"RuntimeError: {BROKEN_MESSAGE}" in lines
+    assert _venv_dirs(build.root) == []
+    # In a strict mix too, a build failure is a failure, not an unresolvable mix.
+    strict = build("0.1", package="gitpkg", source=f"git+file://{repo.path}@{sha}",
+                   base_env=True, strict=True, constraints=["fixturehelper==1.0"])  # fmt: skip
+    assert not strict.ok and not strict.unresolvable
+    assert f"RuntimeError: {BROKEN_MESSAGE}" in [ln.strip() for ln in strict.error.splitlines()]
+
+
+def test_resolve_pins_of_a_source(index_url: str, cache_dir: Path, reachable_tmp: Path) -> None:
+    repo = make_repo(reachable_tmp / "clone")
+    sha = repo.commit("VALUE = 1\n")
+    source = f"git+file://{repo.path}@{sha}"
+    spec = EnvSpec(package="gitpkg", version="0.1", source=source, index_url=index_url,
+                   requirements=["fixturehelper==1.0"])  # fmt: skip
+    assert resolve_pins(spec, cache_dir=cache_dir) == ["fixturehelper==1.0", f"gitpkg @ {source}"]
+
+
+@pytest.mark.parametrize(
+    "source",
+    ["https://example.invalid/x.git@abc", "git+file:///clone", "git+https://git@host/repo",
+     "git+https://host@abc", "git+file:///cl one@abc", "git+@abc"],
+)  # fmt: skip
+def test_source_must_be_a_git_reference(build, source: str) -> None:
+    with pytest.raises(EnvError) as info:
+        build("0.1", package="gitpkg", source=source)
+    assert str(info.value) == f"source {source!r} is not a git+URL@REV reference"
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="builds run as another user only under root")
+def test_source_clone_unreadable_by_the_build_user(build, tmp_path: Path) -> None:
+    # pytest's tmp_path is under /tmp/pytest-of-root (0700): the build user cannot enter it.
+    repo = make_repo(tmp_path / "clone")
+    sha = repo.commit("VALUE = 1\n")
+    source = f"git+file://{repo.path}@{sha}"
+    build_user = envs.identities().build
+    closed = next(p for p in reversed(repo.path.parents) if p.stat().st_mode & 0o001 == 0)
+    with pytest.raises(EnvError) as info:
+        build("0.1", package="gitpkg", source=source)
+    assert str(info.value) == (
+        f"source {source} is not readable by {build_user}: {users.describe(closed)}; "
+        "put the clone in a directory every user can read"
+    )
+
+
+def _old_spec_hash(spec: EnvSpec) -> str:
+    """The rule before `strict` and `source`: the same data without those two keys."""
+    data = spec.model_dump(mode="json")
+    del data["strict"], data["source"]
+    data["requirements"] = sorted(spec.requirements)
+    data["constraints"] = sorted(spec.constraints)
+    if spec.exclude_newer is not None:
+        data["exclude_newer"] = envs._iso(spec.exclude_newer)
+    if spec.python is None:
+        data["python"] = uvrun.running_python()
+    if not spec.base_env:
+        del data["base_env"]
+    blob = json.dumps(data, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
+    return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+def test_spec_hash_keeps_the_names_of_existing_environments() -> None:
+    when = datetime(2024, 1, 1, tzinfo=UTC)
+    spec = EnvSpec(package="leakyfixture", version="1.0.2", requirements=["b", "a"],
+                   constraints=["x==1"], exclude_newer=when)  # fmt: skip
+    for one in (spec, spec.model_copy(update={"base_env": True, "python": "3.12"})):
+        assert spec_hash(one) == _old_spec_hash(one)
+    strict = spec.model_copy(update={"base_env": True, "strict": True})
+    source = spec.model_copy(update={"source": "git+file:///clone@abc"})
+    hashes = {spec_hash(spec), spec_hash(strict), spec_hash(source),
+              spec_hash(spec.model_copy(update={"base_env": True}))}  # fmt: skip
+    assert len(hashes) == 4

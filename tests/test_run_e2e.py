@@ -94,6 +94,19 @@ def test_finds_first_leaking_release(bisection) -> None:
     assert report["reproduce"].startswith("uv venv /tmp/leakbisect-repro")
     assert "leakyfixture==1.0.6" in report["reproduce"]
     assert report["machine"]["gpu"] is None
+    # --attribute (on by default): the leak's line, found by tracemalloc.
+    found = report["attribution"]
+    assert (found["last_good"], found["first_bad"]) == ("1.0.5", "1.0.6")
+    tm = found["tracers"]["tracemalloc"]
+    assert [(s["site"], s["in_package"]) for s in tm["stacks"]] == [
+        ("leakyfixture/__init__.py:22 in _touched", True)
+    ]
+    assert tm["stacks"][0]["frames"][:2] == [
+        "leakyfixture/__init__.py:22 in _touched", "leakyfixture/__init__.py:30 in step"
+    ]  # fmt: skip
+    assert found["message"].startswith("grows at leakyfixture/__init__.py:22 in _touched (+")
+    assert found["tracers"]["memray"]["available"] is False
+    assert found["tracers"]["memray"]["note"].startswith("memray did not install: ")
 
 
 def test_rows_written(bisection) -> None:
@@ -126,9 +139,23 @@ def test_rows_written(bisection) -> None:
         ("1.0.5", "clean", 0, 0),
         ("1.0.6", "leak", -9, 0),
     ]
+    # Then the boundary pair once more under each tracer (--attribute, on by default); the
+    # offline index has no memray, so those end at its install, with the reason.
+    traced = con.execute(
+        "select c.version, t.trace, t.verdict, t.exit_code, json_extract(t.profile, '$.error') "
+        "from trial t join candidate c on c.id = t.candidate_id where t.kind = 'attribute' "
+        "order by t.id"
+    ).fetchall()
+    no_memray = "memray did not install: "
+    assert [row[:4] for row in traced] == [
+        ("1.0.5", "tracemalloc", None, 0), ("1.0.5", "memray", None, None),
+        ("1.0.6", "tracemalloc", None, 0), ("1.0.6", "memray", None, None),
+    ]  # fmt: skip
+    assert [row[4] is None or row[4].startswith(no_memray) for row in traced] == [True] * 4
+    assert [row[4] is None for row in traced] == [True, False, True, False]
     counts = con.execute(
         "select t.id, t.exit_code, count(s.id), max(s.step) from trial t "
-        "join memory_sample s on s.trial_id = t.id group by t.id"
+        "join memory_sample s on s.trial_id = t.id where t.kind = 'run' group by t.id"
     ).fetchall()
     assert len(counts) == 7
     for _, exit_code, samples, last_step in counts:

@@ -171,6 +171,9 @@ def test_keys_are_computed_lazily_and_reuse_needs_an_earlier_judged_job(session:
     assert second.message is not None
     assert second.message.splitlines() == [
         "first bad is 1.0.6 and last good is 1.0.5, each confirmed by a second evaluation",
+        # The attribution is copied too (`judge` wrote no profiles): not traced again.
+        "tracemalloc: the traced run wrote no profile; memray: the traced run wrote no profile"
+        f" (reused from job {first.id})",
         f"verdicts of 1.0.0, 1.0.5, 1.0.6, 1.0.7, 1.0.9 reused from job {first.id}",
     ]
     assert session.exec(select(Trial).where(Trial.job_id == second.id)).all() == []
@@ -272,7 +275,11 @@ def test_each_job_numbers_its_own_trials_from_one(session: Session) -> None:
     one, two = numbers(session, first), numbers(session, second)
     assert [n for _, n in one] == list(range(1, len(one) + 1))
     assert [n for _, n in two] == list(range(1, len(two) + 1))
-    assert [v for v, _ in one] == ["1.0.0", "1.0.9", "1.0.5", "1.0.7", "1.0.6", "1.0.5", "1.0.6"]
+    visited = ["1.0.0", "1.0.9", "1.0.5", "1.0.7", "1.0.6", "1.0.5", "1.0.6"]
+    traced = ["1.0.5", "1.0.5", "1.0.6", "1.0.6"]  # --attribute: each tracer on both ends
+    assert [v for v, _ in one] == visited + traced
+    kinds = session.exec(select(Trial.kind).where(Trial.job_id == first.id).order_by(col(Trial.id)))
+    assert list(kinds) == ["run"] * len(visited) + ["attribute"] * len(traced)
     assert [v for v, _ in two][:3] == ["1.0.0", "1.0.9", "1.0.5"]
 
 
@@ -348,11 +355,17 @@ def test_maintenance_never_advances_a_local_job(session: Session) -> None:
 
 def test_outcome_leads_the_message_and_creation_notes_stay(session: Session) -> None:
     note = "no pins from the good bound (candidates resolve freely): cannot resolve"
-    job = seed(session, message=note, reuse_verdicts=False)
+    outcome = "first bad is 1.0.6 and last good is 1.0.5, each confirmed by a second evaluation"
+    job = seed(session, message=note, reuse_verdicts=False, attribute=False)
     advance(session, job, 1)
     judge(session, job)
     session.refresh(job)
     assert job.status == JobStatus.FOUND
-    assert job.message == (
-        "first bad is 1.0.6 and last good is 1.0.5, each confirmed by a second evaluation\n" + note
-    )
+    assert job.message == f"{outcome}\n{note}"
+    # The attribution's line follows the outcome's; `judge` writes no profiles, and it says so.
+    traced = seed(session, message=note, reuse_verdicts=False)
+    advance(session, traced, 1)
+    judge(session, traced)
+    session.refresh(traced)
+    untraced = "the traced run wrote no profile"
+    assert traced.message == f"{outcome}\ntracemalloc: {untraced}; memray: {untraced}\n{note}"
