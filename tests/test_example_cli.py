@@ -1,13 +1,18 @@
 """`python -m service.example`: the worked examples' inputs, and an index on a given port."""
 
 import platform
+import re
+import signal
 import socket
+import subprocess
+import sys
 import urllib.request
 from pathlib import Path
 
 import pytest
 
 from service.example.__main__ import main
+from service.example.gitrepo import build_repo
 from service.example.index import serve_index
 
 
@@ -36,3 +41,23 @@ def test_an_index_served_on_the_port_asked_for(tmp_path: Path) -> None:
         assert url == f"http://127.0.0.1:{port}/simple"
         with urllib.request.urlopen(url + "/", timeout=10) as page:
             assert page.status == 200
+
+
+def test_serve_git_serves_the_repository_until_interrupted(tmp_path: Path) -> None:
+    """`serve-git REPO`: prints the URL, git clones it over http, Ctrl-C ends it cleanly."""
+    made = build_repo(tmp_path / "repo")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "service.example", "serve-git", str(made.path)],
+        stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        assert proc.stdout is not None
+        url = proc.stdout.readline().strip()
+        assert re.fullmatch(r"http://127\.0\.0\.1:\d+/leakyfixture\.git", url), url
+        listed = subprocess.run(["git", "ls-remote", "--tags", url], capture_output=True,
+                                text=True, timeout=30, check=True)  # fmt: skip
+        tags = {line.split("\t")[1] for line in listed.stdout.splitlines()}
+        assert tags == {"refs/tags/v1.0.5", "refs/tags/v1.0.6"}
+    finally:
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(timeout=10) == 0

@@ -5,6 +5,7 @@ examples bisect, or serve a directory of their wheels as a package index.
     python -m service.example suite DEST SCENARIO       good.txt, bad.txt, repro.py and wheels
     python -m service.example gitrepo DEST              leakyfixture's git history, v1.0.5..v1.0.6
     python -m service.example serve DIR [--port N]      DIR's wheels at http://127.0.0.1:N/simple
+    python -m service.example serve-git REPO [--port N] REPO over http (git's dumb protocol)
 """
 
 from __future__ import annotations
@@ -12,10 +13,11 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from contextlib import AbstractContextManager
 from pathlib import Path
 
 from service.example.fixture import FixtureSpec, build_fixture
-from service.example.gitrepo import build_repo
+from service.example.gitrepo import build_repo, serve_repo
 from service.example.index import serve_index
 from service.example.suite import SCENARIOS, build_suite
 
@@ -36,6 +38,9 @@ def main(argv: list[str] | None = None) -> int:
     serve = sub.add_parser("serve", help="serve a directory of wheels until interrupted")
     serve.add_argument("dir", type=Path)
     serve.add_argument("--port", type=int, default=0, help="0 (default): any free port")
+    serve_git = sub.add_parser("serve-git", help="serve a git repository until interrupted")
+    serve_git.add_argument("repo", type=Path)
+    serve_git.add_argument("--port", type=int, default=0, help="0 (default): any free port")
     args = ap.parse_args(argv)
     if args.what == "fixture":
         build_fixture(args.dest, FixtureSpec(leak_via="native" if args.native else "python"))
@@ -47,15 +52,21 @@ def main(argv: list[str] | None = None) -> int:
         made = build_repo(args.dest)
         print(f"{made.path}: {len(made.commits)} commits {made.old_tag}..{made.new_tag}, "
               f"the leak in {made.leaking_sha[:12]}")  # fmt: skip
+    elif args.what == "serve-git":
+        _until_interrupted(serve_repo(args.repo, port=args.port))
     else:
-        with serve_index(args.dir, port=args.port) as url:
-            print(url, flush=True)
-            try:
-                while True:
-                    time.sleep(3600)
-            except KeyboardInterrupt:
-                pass
+        _until_interrupted(serve_index(args.dir, port=args.port))
     return 0
+
+
+def _until_interrupted(serving: AbstractContextManager[str]) -> None:
+    with serving as url:
+        print(url, flush=True)
+        try:
+            while True:
+                time.sleep(3600)
+        except KeyboardInterrupt:
+            pass
 
 
 if __name__ == "__main__":

@@ -16,16 +16,26 @@ It builds fully offline: `pyproject.toml` names an in-tree PEP 517 backend
 SHAs are deterministic: fixed author and committer, a date an hour apart per commit,
 `init.defaultBranch=main`, and no global or system git config read, so two builds of the
 same arguments give the same SHAs.
+
+`serve_repo(repo)` serves a bare copy of it over git's "dumb" HTTP protocol (plain files
+after `git update-server-info`) on 127.0.0.1, as a forge serves a public repository: what
+the service's runners clone and uv builds `pkg @ git+http://...@SHA` from, offline.
 """
 
 from __future__ import annotations
 
+import functools
 import os
 import subprocess
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
+from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 from service.example.fixture import NAME, FixtureSpec, module_source
+from service.example.index import serving
 
 OLD_TAG = "v1.0.5"
 NEW_TAG = "v1.0.6"
@@ -282,3 +292,22 @@ def build_repo(
         leaking_sha=out[leaking - 1][0],
         broken_sha=None if broken is None else out[broken - 1][0],
     )
+
+
+class _Quiet(SimpleHTTPRequestHandler):
+    def log_message(self, format: str, *args: object) -> None:  # noqa: A002 - the base's name
+        pass
+
+
+@contextmanager
+def serve_repo(repo: Path, port: int = 0) -> Iterator[str]:
+    """Serve a bare copy of `repo` (as it is now) on 127.0.0.1 while the block runs; yields
+    its URL, `http://127.0.0.1:PORT/leakyfixture.git`."""
+    with tempfile.TemporaryDirectory(prefix="leakyfixture-git-") as root:
+        bare = Path(root) / f"{NAME}.git"
+        _git(Path(root), "clone", "--quiet", "--bare", str(Path(repo).resolve()), str(bare))
+        _git(bare, "update-server-info")
+        handler = functools.partial(_Quiet, directory=root)
+        server = ThreadingHTTPServer(("127.0.0.1", port), handler)
+        with serving(server, "leakyfixture-git") as port_served:
+            yield f"http://127.0.0.1:{port_served}/{bare.name}"

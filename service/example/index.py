@@ -283,13 +283,18 @@ def serve_index(wheel_dir: Path, port: int = 0) -> Iterator[str]:
     on every request, so files added while serving show up.
     """
     server = ThreadingHTTPServer(("127.0.0.1", port), _handler(Path(wheel_dir)))
+    with serving(server, "leakyfixture-index") as port_served:
+        yield f"http://127.0.0.1:{port_served}/simple"
+
+
+@contextmanager
+def serving(server: ThreadingHTTPServer, name: str) -> Iterator[int]:
+    """Run `server` in a daemon thread while the block runs; yields its port."""
     server.daemon_threads = True
-    thread = threading.Thread(
-        target=server.serve_forever, args=(0.05,), name="leakyfixture-index", daemon=True
-    )
+    thread = threading.Thread(target=server.serve_forever, args=(0.05,), name=name, daemon=True)
     thread.start()
     try:
-        yield f"http://127.0.0.1:{server.server_address[1]}/simple"
+        yield server.server_address[1]
     finally:
         server.shutdown()
         server.server_close()
