@@ -12,10 +12,14 @@ TAG="${1:-leakbisect-base:bookworm}"
 SUITE="${SUITE:-bookworm}"
 MIRROR="${MIRROR:-http://deb.debian.org/debian}"
 # python3 for the environments (uv finds it), ca-certificates for TLS to indexes,
-# procps for `docker top`, tini as PID 1 so orphans are reaped inside the container.
-PACKAGES="python3,ca-certificates,procps,tini"
+# procps for `docker top`, tini as PID 1 so orphans are reaped inside the container,
+# git for commits trials (listing tags and commits, uv building `pkg @ git+URL@SHA`).
+PACKAGES="python3,ca-certificates,procps,tini,git"
 
-if [ "${FORCE:-0}" != 1 ] && docker image inspect "$TAG" >/dev/null 2>&1; then
+# An image built from another package list (an older checkout's) is rebuilt.
+built_with=$(docker image inspect --format '{{ index .Config.Labels "leakbisect.packages" }}' \
+    "$TAG" 2>/dev/null || true)
+if [ "${FORCE:-0}" != 1 ] && [ "$built_with" = "$PACKAGES" ]; then
     echo "base image $TAG exists (FORCE=1 rebuilds)"
     exit 0
 fi
@@ -30,6 +34,7 @@ rm -rf "$root"/var/lib/apt/lists/* "$root"/var/cache/apt/* "$root"/usr/share/doc
     "$root"/usr/share/man/* "$root"/usr/share/locale/*
 tar -C "$root" -c . | docker import \
     --change 'ENV LANG=C.UTF-8' \
+    --change "LABEL leakbisect.packages=$PACKAGES" \
     --change 'CMD ["/bin/bash"]' \
     - "$TAG" >/dev/null
 echo "built $TAG in $(( $(date +%s) - started )) s"

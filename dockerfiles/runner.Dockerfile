@@ -19,6 +19,11 @@ RUN set -eu; \
     ca=/etc/leakbisect/ca-bundle.pem; [ -f "$ca" ] || ca=/etc/ssl/certs/ca-certificates.crt; \
     SSL_CERT_FILE="$ca" python3 /tmp/leakbisect-build/install-uv.py "$UV_VERSION"
 
+# git for commits trials (runners/commits.py) and uv's builds from a commit; the offline
+# base has it already, a python:*-slim base gets it from Debian.
+RUN set -eu; command -v git >/dev/null || { apt-get update -q \
+    && apt-get install -y -q --no-install-recommends git && rm -rf /var/lib/apt/lists/*; }
+
 # The sandbox users (runners/docker_spec.py: BUILD_UID, TRIAL_UID) and the volume mount
 # points, owned by the build user so new named volumes start out writable by it.
 RUN set -eu; \

@@ -10,6 +10,9 @@ Same interface as the local executor (`runners.trial.Executor`). Per trial
    into its per-trial volume before it starts; `runners.docker_watch` samples its cgroup
    and reads the verdict of the kernel's OOM killer before the container goes.
 
+A ``"commits"`` trial only has the build container, which lists the commits
+(`runners.commits.answer`, its clones kept in the cache volume) and prints them.
+
 An ``"attribute"`` trial (`runners.tracing`) builds the traced environment (memray added
 for the memray tracer; when it does not install, the report's ``attribution`` says so),
 puts the tracer's helper into the run container's volume beside the script (the trial
@@ -36,7 +39,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from runners import tracing
+from runners import commits, tracing
 from runners.docker_cgroup import DEFAULT_ROOT
 from runners.docker_spec import (
     LABEL_RUNNER,
@@ -61,6 +64,8 @@ DEFAULT_IMAGE = "leakbisect-runner:latest"
 IMAGE_ENV = "BISECT_RUNNER_IMAGE"
 DEFAULT_CACHE_VOLUME = "leakbisect-cache"
 BUILD_HINT = "build it with dockerfiles/build-base.sh && uv run python -m runners.docker_images"
+LOCAL_CLONE = ("--repo: a local clone is not visible in the runner's containers; use "
+               "--executor local, or serve it over http(s)")  # fmt: skip
 # The tar around a profile copied out of a container: its headers and padding.
 TAR_SLACK = 64 * 1024
 
@@ -147,9 +152,10 @@ class DockerExecutor:
             client.images.get(image)
         except ImageNotFound:
             raise Unavailable(f"--image: runner image {image} not found; {BUILD_HINT}") from None
-        if not (Path(cgroup_root) / "memory").is_dir() and not (
-            Path(cgroup_root) / "cgroup.controllers"
-        ).exists():
+        if (
+            not (Path(cgroup_root) / "memory").is_dir()
+            and not (Path(cgroup_root) / "cgroup.controllers").exists()
+        ):
             raise Unavailable(f"--cgroup-root: {cgroup_root} is not a cgroup v1 or v2 mount")
         ca = os.environ.get("SSL_CERT_FILE")
         settings = DockerSettings(
@@ -189,9 +195,13 @@ class DockerExecutor:
         if on_start is not None:
             on_start(kill)
         tracer = tracing.tracer_of(spec)
+        if spec.kind == "commits" and _local_clone(spec):
+            return commits.report(spec, {"error": LOCAL_CLONE})
         result = self._build(spec, tracing.env_of(spec), kill, log)
         if spec.kind == "resolve":
             return _resolve_report(spec, result)
+        if spec.kind == "commits":
+            return commits.report(spec, result)
         env = EnvResult.model_validate(result) if "ok" in result else _failed(result)
         if not env.ok or env.python_executable is None or kill.killed:
             profile = None if env.ok or kill.killed else tracing.failed_build(spec, env)
@@ -206,11 +216,13 @@ class DockerExecutor:
             )
         return _report(spec, env, run).model_copy(update={"attribution": profile})
 
-    def _build(self, spec: TrialSpec, env: EnvSpec, kill: _TrialKill,
-               log: Callable[[str], None] | None) -> dict[str, Any]:
-        """The build container's JSON answer (an `EnvResult`, or pins), or an error."""
+    def _build(
+        self, spec: TrialSpec, env: EnvSpec, kill: _TrialKill, log: Callable[[str], None] | None
+    ) -> dict[str, Any]:
+        """The build container's JSON answer (an `EnvResult`, pins, or commits), or an error."""
         started = time.monotonic()
-        kwargs = build_kwargs(self.settings, spec.trial_id, spec.attempt, spec.kind, env)
+        kwargs = build_kwargs(self.settings, spec.trial_id, spec.attempt, spec.kind, env,
+                              spec.commit_range)  # fmt: skip
         container = self.client.containers.run(**kwargs)
         kill.current(container)
         try:
@@ -238,9 +250,14 @@ class DockerExecutor:
             return []
         return [d["uuid"] for d in self.gpu.describe()["devices"] if d.get("uuid")]
 
-    def _run(self, spec: TrialSpec, python: str, kill: _TrialKill,
-             on_sample: Callable[[Sample], None] | None, tracer: str | None = None
-             ) -> tuple[Execution, dict[str, Any] | None]:
+    def _run(
+        self,
+        spec: TrialSpec,
+        python: str,
+        kill: _TrialKill,
+        on_sample: Callable[[Sample], None] | None,
+        tracer: str | None = None,
+    ) -> tuple[Execution, dict[str, Any] | None]:
         """The run container to its end; with `tracer`, the profile it left (or why none)."""
         check_variables(spec.variables)
         limit = spec.memory_limit_bytes or default_limit_bytes()
@@ -322,6 +339,11 @@ def _profile(container: Any) -> dict[str, Any]:
 def _remove(container: Any) -> None:
     with contextlib.suppress(Exception):  # already removed
         container.remove(force=True, v=True)
+
+
+def _local_clone(spec: TrialSpec) -> bool:
+    repo = spec.commit_range.repo if spec.commit_range else ""
+    return bool(repo) and (not commits.is_url(repo) or repo.startswith("file:"))
 
 
 def _failed(result: dict[str, Any]) -> EnvResult:

@@ -2,6 +2,7 @@
 
     python -m runners.docker_entry build ENV_ROOT SPEC_JSON     (build phase, host network)
     python -m runners.docker_entry resolve ENV_ROOT SPEC_JSON   (build phase)
+    python -m runners.docker_entry commits ENV_ROOT RANGE_JSON  (build phase, host network)
     python -m runners.docker_entry run PYTHON SCRIPT            (run phase, no network)
     python -m runners.docker_entry run PYTHON SCRIPT TRACER     (run phase, attribute trial)
 
@@ -42,6 +43,14 @@ def _build(kind: str, env_root: str, spec_json: str) -> int:
     from runners.envs import EnvError, build_env, resolve_pins
     from runners.wire import EnvResult, EnvSpec
 
+    if kind == "commits":  # list them into the cache volume's clones (runners/commits.py)
+        from runners import commits
+        from runners.docker_spec import GIT_CACHE
+        from runners.wire import CommitRange
+
+        answer = commits.answer(CommitRange.model_validate_json(spec_json), Path(GIT_CACHE))
+        print(json.dumps(answer), flush=True)
+        return 0
     spec = EnvSpec.model_validate_json(spec_json)
 
     def log(line: str) -> None:
@@ -85,7 +94,7 @@ def _run(python: str, script: str, tracer: str | None = None) -> int:
 
 
 def main(argv: list[str]) -> int:
-    if len(argv) == 3 and argv[0] in ("build", "resolve"):
+    if len(argv) == 3 and argv[0] in ("build", "resolve", "commits"):
         return _build(argv[0], argv[1], argv[2])
     if len(argv) == 3 and argv[0] == "run":
         return _run(argv[1], argv[2])

@@ -29,12 +29,13 @@ from typing import Any
 
 from runners.limits import DEFAULT_PIDS_LIMIT
 from runners.sandbox import DEFAULT_PATH, allowed_env
-from runners.wire import EnvSpec
+from runners.wire import CommitRange, EnvSpec
 
 BUILD_UID = 10001  # leakbisect-build in runner.Dockerfile
 TRIAL_UID = 10002  # leakbisect-trial
 CACHE_MOUNT = "/var/cache/leakbisect"
 UV_CACHE = f"{CACHE_MOUNT}/uv"
+GIT_CACHE = f"{CACHE_MOUNT}/git"  # blob-less clones of the repositories commits trials list
 ENVS_IN_CACHE = f"{CACHE_MOUNT}/envs"
 ENV_MOUNT = "/envs"
 TRIAL_MOUNT = "/trial"
@@ -102,9 +103,15 @@ def _hardening(pids_limit: int) -> dict[str, Any]:
 
 
 def build_kwargs(
-    settings: DockerSettings, trial_id: int, attempt: int, kind: str, env: EnvSpec
+    settings: DockerSettings,
+    trial_id: int,
+    attempt: int,
+    kind: str,
+    env: EnvSpec,
+    commit_range: CommitRange | None = None,
 ) -> dict[str, Any]:
-    """The build-phase container: host network, the cache (and env) volume writable."""
+    """The build-phase container: host network, the cache (and env) volume writable; a
+    commits trial lists `commit_range` in it instead of building `env`."""
     environment = {
         "PATH": DEFAULT_PATH,
         "LANG": "C.UTF-8",
@@ -114,9 +121,10 @@ def build_kwargs(
     }
     if settings.env_volume:
         environment["UV_LINK_MODE"] = "copy"
-    mode = "resolve" if kind == "resolve" else "build"
+    mode = kind if kind in ("resolve", "commits") else "build"
+    payload = commit_range if kind == "commits" and commit_range is not None else env
     command = [ENTRY_PYTHON, "-m", "runners.docker_entry", mode, settings.env_root,
-               env.model_dump_json()]  # fmt: skip
+               payload.model_dump_json()]  # fmt: skip
     return {
         "image": settings.image,
         "command": command,

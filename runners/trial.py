@@ -23,6 +23,9 @@ process group.
 * ``"resolve"``: no script; `runners.envs.resolve_pins` (``uv pip compile``, sandboxed as
   any build) and a report with ``pins``, or ``env.ok=False`` and ``env.error`` when the
   requirements cannot be resolved.
+* ``"commits"``: no script, no build; `runners.commits.answer` lists the commits of
+  `TrialSpec.commit_range` (a blob-less clone cached under ``cache_dir/git``) into
+  ``commits``, or says why in ``env.error``.
 """
 
 from __future__ import annotations
@@ -32,7 +35,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Protocol
 
-from runners import tracing
+from runners import commits, tracing
 from runners.envs import EnvError, build_env, prepare_dirs, resolve_pins
 from runners.errors import InvalidInput
 from runners.executor import Execution, run_script
@@ -108,6 +111,8 @@ def execute_trial(
     """Do one trial as `spec.kind` says (see the module docstring) and report."""
     if spec.kind == "resolve":
         return _resolve(spec, cache_dir)
+    if spec.kind == "commits":
+        return commits.report(spec, commits.answer(spec.commit_range, cache_dir / "git"))
     try:
         env: EnvResult = build_env(
             tracing.env_of(spec), root=env_root, cache_dir=cache_dir, log=log

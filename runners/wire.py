@@ -28,7 +28,10 @@ MAX_SAMPLE_BYTES = 1 << 50
 # every other candidate is then held at; resolution may build sdists, so it runs on a runner.
 # "attribute": run the script once more under an allocation tracer (`TrialSpec.trace`) and
 # report per-stack growth (`TrialReport.attribution`); never judged, never a verdict.
-TrialKind = Literal["run", "resolve", "attribute"]
+# "commits": list the commits between two release tags of a repository
+# (`TrialSpec.commit_range`, runners/commits.py) and report them (`TrialReport.commits`);
+# no script runs and nothing is built.
+TrialKind = Literal["run", "resolve", "attribute", "commits"]
 # The allocation tracers of an attribute trial: Python stacks, or native stacks (memray).
 Tracer = Literal["tracemalloc", "memray"]
 
@@ -57,6 +60,24 @@ class EnvSpec(BaseModel):
     # Build the package from this direct reference instead of `package==version`
     # (`--commits`): `git+URL@SHA`, or `git+file:///clone@SHA` (`bisect-cli run` only).
     source: str | None = Field(default=None, max_length=2000)
+
+
+class CommitRange(BaseModel):
+    """What a "commits" trial lists: `repo` from `package`'s `good` tag to its `bad` one."""
+
+    repo: str = Field(min_length=1, max_length=2000)
+    package: str = Field(min_length=1, max_length=200)
+    good: str = Field(min_length=1, max_length=200)
+    bad: str = Field(min_length=1, max_length=200)
+
+
+class CommitInfo(BaseModel):
+    sha: str = Field(pattern=r"^[0-9a-f]{40}([0-9a-f]{24})?$")  # SHA-1, or SHA-256 repos
+    subject: str = Field(max_length=1000)
+
+
+# A "commits" report lists at most this many (runners/commits.py `MAX_COMMITS`).
+MAX_REPORT_COMMITS = 5000
 
 
 class EnvResult(BaseModel):
@@ -140,6 +161,8 @@ class TrialSpec(BaseModel):
     early_stop: EarlyStop | None = None
     # Attribute trials: the tracer to run the script under (runners/tracing.py).
     trace: Tracer | None = None
+    # Commits trials: what to list.
+    commit_range: CommitRange | None = None
 
 
 class TrialReport(BaseModel):
@@ -167,6 +190,8 @@ class TrialReport(BaseModel):
     stopped_early: str | None = Field(default=None, max_length=2000)
     # Attribute trials: the tracer's per-stack profile (runners/attribution.py `Profile`).
     attribution: dict[str, Any] | None = None
+    # Commits trials: the listed commits, oldest first (None when listing failed: `error`).
+    commits: list[CommitInfo] | None = Field(default=None, max_length=MAX_REPORT_COMMITS)
 
     @model_validator(mode="after")
     def _ordered_in_time(self) -> Self:

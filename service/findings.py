@@ -87,7 +87,16 @@ def commit_lines(commit: dict[str, Any] | None) -> list[str]:
     """Which commit: the first bad one, the last good one, and those that did not build."""
     if not commit:
         return []
-    lines = [str(commit.get("message"))]
+    if not commit.get("message"):  # a runner is listing them
+        return [
+            f"listing the commits from {commit.get('last_good_release')} to "
+            f"{commit.get('first_bad_release')} in {commit.get('repo')}"
+        ]
+    lines = [str(commit["message"])]
+    if commit.get("repo"):
+        lines.append(f"  repository: {commit['repo']}")
+    if "commits" not in commit:  # they could not be listed: the message says why
+        return lines
     for name in ("last_good", "first_bad"):
         entry = commit.get(name)
         if entry:

@@ -99,6 +99,8 @@ def _fill(session: Session, job: Job, trials: "_Running", progress: TrialEvents)
             progress.trial_started(candidate, trial)
         elif trial.kind == TrialKind.ATTRIBUTE:
             progress.message(f"tracing {job.package} {candidate.version} with {trial.trace}")
+        elif trial.kind == TrialKind.COMMITS:
+            progress.message(f"listing the commits of {job.package} up to {candidate.version}")
         else:
             progress.message(f"resolving the pins of {job.package}=={candidate.version}")
         spec = trial_spec(job, candidate, trial, store.trials_of(session, job))

@@ -40,6 +40,7 @@ class TrialKind(StrEnum):
     RUN = "run"  # build the candidate's environment, run the script under the sampler
     RESOLVE = "resolve"  # resolve the pins the other candidates are held at
     ATTRIBUTE = "attribute"  # run once more under an allocation tracer; never judged
+    COMMITS = "commits"  # list the commits between the boundary's tags; no script runs
 
 
 class PinState(StrEnum):
@@ -188,6 +189,9 @@ class Trial(SQLModel, table=True):
     # Attribute trials: the tracer ("tracemalloc" | "memray") and the profile it reported.
     trace: str | None = None
     profile: dict[str, Any] | None = Field(default=None, sa_column=Column(JSON))
+    # Commits trials: the commits the runner listed ({"sha", "subject"}, oldest first);
+    # None while it has not answered, or when listing failed (`error` says why).
+    commits: list[dict[str, str]] | None = Field(default=None, sa_column=Column(JSON))
 
 
 class MemorySample(SQLModel, table=True):

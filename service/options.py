@@ -265,7 +265,7 @@ class JobOptions(SQLModel):
     repo: str | None = option(
         None,
         flag="--repo",
-        help="The package's git repository for --commits: an https URL, or (bisect-cli run "
+        help="The package's git repository for --commits: an http(s) URL, or (bisect-cli run "
         "only) a local clone's path.",
         metavar="URL|PATH",
         max_length=MAX_TEXT,
@@ -313,7 +313,7 @@ class JobOptions(SQLModel):
         if not info.data.get("commits"):
             raise ValueError("only with --commits, which bisects the repository's commits")
         if not value.strip() or any(ch in value for ch in "\0\n\r"):
-            raise ValueError("empty or not one line; give an https URL or a local path")
+            raise ValueError("empty or not one line; give an http(s) URL or a local path")
         return value.strip()
 
     @field_validator("base_env")

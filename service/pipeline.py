@@ -9,7 +9,9 @@ whether its stage has ended (and then has recorded it with `stages.finish`).
   as a mix ddmin judged already (the culprit at its old version is the minimal set minus
   it), so the bound takes that mix's verdicts instead of running again.
 * `start`: the candidates of a stage that has none yet: a further culprit's releases
-  ("release:NAME") or the boundary's commits ("commit", service/commits.py).
+  ("release:NAME"), or the boundary's commits ("commit"): a *commits trial* on the first
+  bad release asks a runner to list them (runners/commits.py; the server never runs git),
+  and its answer becomes one candidate per commit.
 * `releases_done`: record the planner's outcome of a stage of versions.
 * `attribute_step`: one trial per tracer on each of the boundary pair, then their
   comparison (runners/attribution.py) as `Job.attribution`; an earlier job that traced
@@ -17,13 +19,12 @@ whether its stage has ended (and then has recorded it with `stages.finish`).
 """
 
 from dataclasses import asdict
-from pathlib import Path
 from typing import Any
 
 from sqlmodel import Session
 
-from runners import attribution
-from service import commits, ddmin, reuse, stages
+from runners import attribution, commits
+from service import ddmin, reuse, stages
 from service.index import LOCAL, PYPI_SIMPLE, FetchPolicy, IndexUnavailable, project_urls
 from service.jobs import add_candidates, releases_between
 from service.models import Candidate, Job, JobStatus, Trial, TrialKind, TrialStatus
@@ -33,6 +34,7 @@ from service.settings import get_settings
 from service.store import add_trials
 
 MIB = 1024 * 1024
+ENDED = (TrialStatus.DONE, TrialStatus.CANCELLED)
 
 
 def _fetch(job: Job) -> FetchPolicy:
@@ -130,10 +132,11 @@ def _of_stage(session: Session, job: Job, stage: str) -> list[Candidate]:
 # --- stages of versions --------------------------------------------------------------
 
 
-def start(session: Session, job: Job, stage: str) -> list[Candidate]:
-    """The candidates of a stage that has none yet; [] when the stage ended at once."""
+def start(session: Session, job: Job, stage: str, trials: list[Trial]) -> list[Candidate] | None:
+    """The candidates of a stage that has none yet; [] when the stage ended at once (it
+    said why), None while they are being listed (the commit stage's commits trial)."""
     if stage == stages.COMMIT:
-        return _start_commits(session, job)
+        return _start_commits(session, job, trials)
     package = stages.package_of(job, stage)
     mixes = _of_stage(session, job, stages.MIX)
     try:
@@ -143,55 +146,67 @@ def start(session: Session, job: Job, stage: str) -> list[Candidate]:
         return []
 
 
-def _start_commits(session: Session, job: Job) -> list[Candidate]:
-    found = (stages.record(job, stages.RELEASES) or {}).get("result") or {}
-    good, bad = found.get("last_old"), found.get("first_new")
-    releases = {c.version: c for c in _of_stage(session, job, stages.RELEASES)}
-    try:
-        repo, listed = _commits_between(job, good, bad)
-    except (commits.CommitsError, IndexUnavailable) as exc:
-        stages.finish(job, stages.COMMIT, package=job.package, status="error", message=str(exc))
+def _start_commits(session: Session, job: Job, trials: list[Trial]) -> list[Candidate] | None:
+    """The boundary's commits as candidates, once a runner has listed them (the server
+    never runs git: it clones a repository the job names)."""
+    listing = [t for t in trials if t.kind == TrialKind.COMMITS]
+    if not listing:
+        return _queue_listing(session, job)
+    trial = listing[-1]
+    if trial.status not in ENDED:
+        return None
+    if trial.commits is None:
+        message = f"--commits: {trial.error or 'the listing was cancelled'}"
+        job.commit = {**(job.commit or {}), "status": "error", "message": message}
+        stages.finish(job, stages.COMMIT, package=job.package, status="error", message=message)
         return []
-    held = list(releases[bad].pins) if bad in releases else []
+    bound = session.get(Candidate, trial.candidate_id)
+    held = list(bound.pins) if bound is not None else []
+    repo = (job.commit or {})["repo"]
     start_at = stages.next_position(session, job)
-    for position, commit in enumerate(listed, start_at):
+    for position, commit in enumerate(trial.commits, start_at):
         session.add(
             Candidate(
                 job_id=job.id,  # type: ignore[arg-type]
                 position=position,
-                version=commit.sha[:12],
+                version=commit["sha"][:12],
                 stage=stages.COMMIT,
                 pins=held,
-                source=commits.source_ref(repo, commit.sha),
-                subject=commit.subject,
+                source=commits.source_ref(repo, commit["sha"]),
+                subject=commit["subject"],
             )
         )
     session.flush()
     return _of_stage(session, job, stages.COMMIT)
 
 
-def _commits_between(job: Job, good: str, bad: str) -> tuple[str, list[commits.Commit]]:
-    """The repository and its commits from the good release's tag to the bad one's, both
-    tags included: the good tag's commit is the search's good bound."""
-    repo = job.repo
-    if repo is None:
-        urls = project_urls(job.package, bad, index_url=job.index_url or PYPI_SIMPLE,
-                            policy=_fetch(job))  # fmt: skip
-        repo = commits.repo_from_urls(urls)
+def _queue_listing(session: Session, job: Job) -> list[Candidate] | None:
+    """Queue the commits trial on the first bad release; [] when there is no repository."""
+    found = (stages.record(job, stages.RELEASES) or {}).get("result") or {}
+    good, bad = found.get("last_old"), found.get("first_new")
+    releases = {c.version: c for c in _of_stage(session, job, stages.RELEASES)}
+    try:
+        repo = job.repo or _repo_of(job, bad)
+    except (commits.CommitsError, IndexUnavailable) as exc:
+        stages.finish(job, stages.COMMIT, package=job.package, status="error", message=str(exc))
+        return []
+    job.commit = {"repo": repo, "last_good_release": good, "first_bad_release": bad}
+    bound = releases[bad]
+    add_trials(session, job, bound, len(bound.evaluations), 1, kind=TrialKind.COMMITS)
+    return None
+
+
+def _repo_of(job: Job, version: str) -> str:
+    """The source repository named in the release's project URLs (read from the index)."""
+    urls = project_urls(job.package, version, index_url=job.index_url or PYPI_SIMPLE,
+                        policy=_fetch(job))  # fmt: skip
+    repo = commits.repo_from_urls(urls)
     if repo is None:
         raise commits.CommitsError(
-            f"--commits: no source repository in {job.package} {bad}'s project URLs; "
+            f"--commits: no source repository in {job.package} {version}'s project URLs; "
             "give it with --repo URL (or a local clone's path, with bisect-cli run)"
         )
-    where = commits.checkout_for(repo, _git_cache())
-    old_tag = commits.tag_for(where, job.package, good)
-    new_tag = commits.tag_for(where, job.package, bad)
-    listed = commits.list_commits(where, old_tag, new_tag)
-    return repo, [commits.tag_commit(where, old_tag), *listed]
-
-
-def _git_cache() -> Path:
-    return get_settings().cache_dir / "git"
+    return repo
 
 
 def releases_done(
@@ -212,7 +227,7 @@ def releases_done(
     package = stages.package_of(job, stage)
     message = outcome.message
     if stage == stages.COMMIT:
-        job.commit = _commit_record(members, outcome, result)
+        job.commit = {**(job.commit or {}), **_commit_record(members, outcome, result)}
         message = job.commit["message"]
     stages.finish(job, stage, package=package, status=outcome.status, message=message,
                   result=result)  # fmt: skip
@@ -241,8 +256,6 @@ def _commit_record(members: list[Candidate], outcome: Outcome, result: dict) -> 
 
 
 # --- the attribute stage -------------------------------------------------------------
-
-ENDED = (TrialStatus.DONE, TrialStatus.CANCELLED)
 
 
 def attribute_step(

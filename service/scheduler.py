@@ -152,9 +152,12 @@ def _plan(session: Session, job: Job, slots: int, trials: list[Trial]) -> Plan:
             done = pipeline.attribute_step(session, job, everything, trials)
         else:
             if not members:
-                members = pipeline.start(session, job, stage)
-                if not members:  # nothing to list (no repository, no tags): it said why
+                started = pipeline.start(session, job, stage, trials)
+                if started is None:  # a runner lists them (the commits trial)
+                    return Plan(run=(), outcome=None)
+                if not started:  # nothing to list (no repository, no tags): it said why
                     continue
+                members = started
             last = _releases(session, job, slots, stage, members, running)
             if last.outcome is not None:
                 pipeline.releases_done(session, job, stage, last.outcome, members)

@@ -20,10 +20,11 @@ near), and the trials queued after them get one.
 import math
 from collections.abc import Sequence
 from dataclasses import asdict
+from typing import Any
 
 from packaging.utils import canonicalize_name
 
-from runners.wire import EarlyStop, EnvSpec, TrialSpec
+from runners.wire import CommitRange, EarlyStop, EnvSpec, TrialSpec
 from service import stages
 from service.analysis import ClassifierSettings
 from service.models import Candidate, Job, Trial, TrialKind, TrialStatus
@@ -45,17 +46,24 @@ def env_spec(job: Job, candidate: Candidate, *, resolving: bool = False) -> EnvS
     return EnvSpec(
         package=job.package,
         version=_version(job, candidate),
-        python=job.python,
-        requirements=list(job.requirements),
-        index_url=job.index_url,
-        extra_index_urls=list(job.extra_index_urls),
-        find_links=list(job.find_links),
-        pre=job.pre,
         constraints=[] if job.as_released else list(job.constraints),
         exclude_newer=exclude_newer,
         base_env=job.base_env is not None,
         source=candidate.source,
+        **_job_env(job),
     )
+
+
+def _job_env(job: Job) -> dict[str, Any]:
+    """What every candidate's environment takes from the job: python, requirements, indexes."""
+    return {
+        "python": job.python,
+        "requirements": list(job.requirements),
+        "index_url": job.index_url,
+        "extra_index_urls": list(job.extra_index_urls),
+        "find_links": list(job.find_links),
+        "pre": job.pre,
+    }
 
 
 def _version(job: Job, candidate: Candidate) -> str:
@@ -74,12 +82,7 @@ def _held_spec(job: Job, candidate: Candidate) -> EnvSpec:
     return EnvSpec(
         package=package,
         version=version,
-        python=job.python,
-        requirements=list(job.requirements),
-        index_url=job.index_url,
-        extra_index_urls=list(job.extra_index_urls),
-        find_links=list(job.find_links),
-        pre=job.pre,
+        **_job_env(job),
         constraints=list(candidate.pins),
         base_env=True,
         strict=True,
@@ -142,6 +145,19 @@ def trial_spec(
         variables={**trial.hints, **job.variables},
         early_stop=early_stop(job, trials) if trial.kind == TrialKind.RUN else None,
         trace=trial.trace,  # type: ignore[arg-type]
+        commit_range=commit_range(job) if trial.kind == TrialKind.COMMITS else None,
+    )
+
+
+def commit_range(job: Job) -> CommitRange:
+    """What a commits trial lists: the repository and the boundary's two releases, as the
+    commit stage recorded them when it queued the trial (service/pipeline.py)."""
+    listing = job.commit or {}
+    return CommitRange(
+        repo=listing["repo"],
+        package=job.package,
+        good=listing["last_good_release"],
+        bad=listing["first_bad_release"],
     )
 
 

@@ -22,7 +22,8 @@ Stages, in the order `order` lists them:
    the last good and on the first bad release; `Job.attribution` is their comparison
    (runners/attribution.py). Tracing perturbs timing, so these trials are never judged.
 5. "commit" (--commits, when stage "" found its boundary): the commits between the two
-   releases' tags (service/commits.py), each built from source, bisected by the planner.
+   releases' tags (listed by a runner: runners/commits.py), each built from source,
+   bisected by the planner.
 
 The job ends with stage ""'s status; a mix stage that cannot go on ends it with its own.
 """

@@ -70,10 +70,13 @@ def record_report(
     judged: Judgement | None = None,
 ) -> Verdict | None:
     """Store a runner's report with its samples and the classifier's verdict (None for a
-    resolve or an attribute trial, which have no verdict). `judged`: `judge(job, report)`, computed
-    beforehand by a caller that holds a lock now; else it is computed here."""
+    resolve, an attribute or a commits trial, which have no verdict). `judged`:
+    `judge(job, report)`, computed beforehand by a caller that holds a lock now; else it
+    is computed here."""
     if trial.kind == TrialKind.RESOLVE:
         return _record_resolution(session, job, trial, report)
+    if trial.kind == TrialKind.COMMITS:
+        return _record_listing(session, trial, report)
     verdict, analysis = judged or judge(job, report)
     if trial.kind == TrialKind.ATTRIBUTE:
         # Tracing perturbs timing: the run's memory is kept, its verdict never decides.
@@ -130,6 +133,17 @@ def _record_resolution(session: Session, job: Job, trial: Trial, report: TrialRe
     trial.error = None if report.env.ok else report.env.error
     pins.record(job, report)
     session.add_all([trial, job])
+    session.commit()
+
+
+def _record_listing(session: Session, trial: Trial, report: TrialReport) -> None:
+    """A commits trial: the commits it listed (or why none); the commit stage reads them."""
+    trial.status = TrialStatus.DONE
+    trial.finished_at = utcnow()
+    trial.env_seconds = report.env.seconds
+    trial.error = None if report.env.ok else report.env.error
+    trial.commits = None if report.commits is None else [c.model_dump() for c in report.commits]
+    session.add(trial)
     session.commit()
 
 

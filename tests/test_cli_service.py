@@ -25,6 +25,7 @@ from typer.testing import CliRunner
 
 from runners.client import ApiClient, ApiError
 from service.cli import app
+from service.example.gitrepo import LEAK_SUBJECT, build_repo, serve_repo
 from service.example.index import serve_index
 from service.example.suite import build_suite
 from service.settings import get_settings
@@ -284,17 +285,38 @@ def test_submit_from_to_finds_the_dependency_then_its_release(
     ]
 
 
-def test_submit_commits_takes_only_an_https_repository(service: Service, tmp_path: Path) -> None:
-    """A local clone is `bisect-cli run`'s: the API never reads the server's disk for it."""
-    refused = service.invoke(
-        "submit", str(REPRO), "--package", "leakyfixture", "--range", "1.0.5..1.0.6",
-        "--commits", "--repo", str(tmp_path),
-    )  # fmt: skip
-    assert refused.exit_code == 2
-    assert refused.stderr == (
-        f"error: HTTP 422: repo: {str(tmp_path)!r}: the API takes an https URL of the "
-        "repository (a local clone's path is for `bisect-cli run` only)\n"
-    )
+def test_submit_commits_finds_the_leaking_commit(
+    service: Service, fixture_index: str, reachable_dir
+) -> None:
+    """Which commit through the service: a runner lists the commits (the server runs no
+    git) from a repository served over http, and runners build each commit it needs."""
+    repo = build_repo(reachable_dir("service-git") / "repo")
+    with serve_repo(repo.path) as url:
+        proc = service.cli(
+            "submit", str(REPRO), "--package", "leakyfixture", "--range", "1.0.5..1.0.6",
+            "--index-url", fixture_index, "--commits", "--repo", url, "--no-attribute",
+            "--wait", "--json", timeout=400,
+        )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr + "".join(p.read_text() for p in service.logs)
+    found = json.loads(proc.stdout)["commit"]
+    assert (found["status"], found["repo"], found["commits"]) == ("found", url, 13)
+    assert found["first_bad"] == {"sha": repo.leaking_sha, "subject": LEAK_SUBJECT}
+    assert found["last_good"] == {"sha": repo.commits[5][0], "subject": repo.commits[5][1]}
+    assert found["message"] == f"first leaking commit: {repo.leaking_sha[:12]} {LEAK_SUBJECT}"
+
+
+def test_submit_commits_takes_only_an_http_repository(service: Service, tmp_path: Path) -> None:
+    """A local clone is `bisect-cli run`'s: runners never read a path a job names."""
+    for repo in (str(tmp_path), tmp_path.as_uri()):
+        refused = service.invoke(
+            "submit", str(REPRO), "--package", "leakyfixture", "--range", "1.0.5..1.0.6",
+            "--commits", "--repo", repo,
+        )  # fmt: skip
+        assert refused.exit_code == 2
+        assert refused.stderr == (
+            f"error: HTTP 422: repo: {repo!r}: the API takes an http(s) URL of the "
+            "repository (a local clone's path is for `bisect-cli run` only)\n"
+        )
 
 
 def test_submit_prints_url_and_cancel_kills_the_trial(

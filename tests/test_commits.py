@@ -1,4 +1,4 @@
-"""service.commits and service.example.gitrepo, on real git repositories (and one real uv build)."""
+"""runners.commits and service.example.gitrepo, on real git repositories (and one real uv build)."""
 
 import socket
 import subprocess
@@ -8,17 +8,31 @@ from pathlib import Path
 import pytest
 from uv import find_uv_bin
 
-from service.commits import (
+from runners.commits import (
+    URL_PROTOCOLS,
     Commit,
     CommitsError,
+    _git_env,
+    answer,
     checkout_for,
     list_commits,
+    list_range,
     repo_from_urls,
+    report,
     source_ref,
     tag_candidates,
     tag_for,
 )
-from service.example.gitrepo import BROKEN_SUBJECT, FIX_SUBJECT, LEAK_SUBJECT, _git, build_repo
+from runners.trial import LocalExecutor
+from runners.wire import CommitRange, EnvSpec, TrialSpec
+from service.example.gitrepo import (
+    BROKEN_SUBJECT,
+    FIX_SUBJECT,
+    LEAK_SUBJECT,
+    _git,
+    build_repo,
+    serve_repo,
+)
 
 SUBJECTS = [
     "docs: explain the noise knobs",
@@ -246,3 +260,76 @@ def test_repo_from_urls():
     )
     assert repo_from_urls({"Source": "https://github.com/o"}) is None
     assert repo_from_urls({}) is None
+
+
+RANGE = {"package": "leakyfixture", "good": "1.0.5", "bad": "1.0.6"}
+
+
+def test_a_commits_trial_lists_the_range_over_http(fixture_repo, reachable_tmp: Path) -> None:
+    """What a runner does for a commits trial (the local executor): clone over http (git's
+    dumb protocol, as a static forge serves it), then the good tag's commit and the 12 after
+    it; a later trial fetches into the same cached clone."""
+    tagged = _git(fixture_repo.path, "rev-parse", "v1.0.5^{commit}")
+    executor = LocalExecutor(reachable_tmp / "envs", reachable_tmp / "cache")
+    with serve_repo(fixture_repo.path) as url:
+        spec = TrialSpec(
+            trial_id=7,
+            kind="commits",
+            env=EnvSpec(package="leakyfixture", version="1.0.6"),
+            script="",
+            commit_range=CommitRange(repo=url, **RANGE),
+        )
+        report = executor.run_trial(spec)
+        again = executor.run_trial(spec)
+    assert (report.trial_id, report.env.ok, report.env.error) == (7, True, None)
+    assert [(c.sha, c.subject) for c in report.commits] == [
+        (tagged, "release 1.0.5"), *fixture_repo.commits
+    ]  # fmt: skip
+    assert again.commits == report.commits
+    assert len(list((reachable_tmp / "cache" / "git").iterdir())) == 1
+    assert (report.samples, report.exit_code) == ([], None)  # nothing ran
+
+
+def test_a_commits_trial_says_why_it_lists_nothing(fixture_repo, tmp_path) -> None:
+    path = str(fixture_repo.path)
+    missing = answer(CommitRange(repo=path, **{**RANGE, "bad": "1.0.9"}), tmp_path)
+    assert set(missing) == {"error", "seconds"}
+    assert missing["error"] == (
+        f"no tag for leakyfixture 1.0.9 in {path}: tried v1.0.9, 1.0.9, leakyfixture-1.0.9, "
+        "leakyfixture-v1.0.9, leakyfixture@1.0.9"
+    )
+    spec = TrialSpec(trial_id=3, attempt=2, kind="commits", script="",
+                     env=EnvSpec(package="leakyfixture", version="1.0.6"))  # fmt: skip
+    failed = report(spec, missing)
+    assert (failed.trial_id, failed.attempt, failed.commits) == (3, 2, None)
+    assert (failed.env.ok, failed.env.error) == (False, missing["error"])
+    assert answer(None, tmp_path)["error"] == "a commits trial needs its commit_range"
+    # git's ext:: transport runs a command: never a repository, not even a path.
+    pwned = tmp_path / "pwned"
+    hostile = answer(CommitRange(repo=f"ext::sh -c touch% {pwned}", **RANGE), tmp_path)
+    assert hostile["error"] == f"repo ext::sh -c touch% {pwned} is not a git repository"
+    assert not pwned.exists()
+
+
+def test_list_range_caps_the_commits(fixture_repo, tmp_path, monkeypatch) -> None:
+    monkeypatch.setattr("runners.commits.MAX_COMMITS", 5)
+    with pytest.raises(CommitsError) as e:
+        list_range(str(fixture_repo.path), "leakyfixture", "1.0.5", "1.0.6", tmp_path)
+    assert str(e.value) == (
+        "12 commits between v1.0.5 and v1.0.6; at most 4 can be bisected (bisect releases "
+        "closer together)"
+    )
+
+
+def test_git_sees_no_secret_and_no_user_config(monkeypatch) -> None:
+    """A clone runs git with a clean environment: no BISECT_* token, no config of the
+    runner's user, no prompt, and only the protocols the repository's kind allows."""
+    monkeypatch.setenv("BISECT_TOKEN", "secret")
+    monkeypatch.setenv("SSL_CERT_FILE", "/etc/ca.pem")
+    monkeypatch.setenv("GIT_DIR", "/elsewhere")
+    monkeypatch.delenv("GIT_SSL_CAINFO", raising=False)
+    env = _git_env(URL_PROTOCOLS)
+    assert not [k for k in env if k.startswith("BISECT_") or k == "GIT_DIR"]
+    assert env["GIT_ALLOW_PROTOCOL"] == "https:http:git:ssh"
+    assert (env["GIT_SSL_CAINFO"], env["GIT_CONFIG_NOSYSTEM"]) == ("/etc/ca.pem", "1")
+    assert env["GIT_TERMINAL_PROMPT"] == "0"

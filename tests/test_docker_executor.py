@@ -25,10 +25,12 @@ import pytest
 from docker.errors import NotFound
 
 from runners import tracing
-from runners.docker import DockerExecutor, _profile
+from runners.commits import source_ref
+from runners.docker import LOCAL_CLONE, DockerExecutor, _profile
 from runners.docker_spec import LABEL_RUNNER, LABEL_TRIAL, TRIAL_UID
-from runners.wire import EnvSpec, TrialReport, TrialSpec
+from runners.wire import CommitRange, EnvSpec, TrialReport, TrialSpec
 from service.analysis import classify_run
+from service.example.gitrepo import _git, build_repo, serve_repo
 from tests.docker_util import RUNNER_IMAGE, engine
 
 pytestmark = pytest.mark.docker
@@ -474,3 +476,39 @@ def test_a_profile_copied_out_is_read_as_the_local_executor_reads_one() -> None:
     assert _profile(_Archived(link)) == {
         "error": "the profile could not be read: it is not a plain file"
     }
+
+
+def test_a_commits_trial_lists_in_its_build_container_and_commits_build_there(
+    executor: DockerExecutor, fixture_index: str, reachable_dir: Any
+) -> None:
+    """--commits on a Docker runner: the listing and the build from a commit both happen in
+    build containers (host network: the repository on 127.0.0.1); the script runs in a
+    run container with no network, the package built from the leaking commit."""
+    repo = build_repo(reachable_dir("docker-git") / "repo")
+    tagged = _git(repo.path, "rev-parse", "v1.0.5^{commit}")
+    with serve_repo(repo.path) as url:
+        wanted = CommitRange(repo=url, package="leakyfixture", good="1.0.5", bad="1.0.6")
+        listing = executor.run_trial(trial(fixture_index, "", kind="commits",
+                                           commit_range=wanted))  # fmt: skip
+        source = source_ref(url, repo.leaking_sha)
+        env = EnvSpec(package="leakyfixture", version="1.0.6", source=source)
+        probe = "import leakyfixture as m; print(m.__version__, m.LEAKS)\n"
+        built = executor.run_trial(TrialSpec(trial_id=2, env=env, script=probe))
+    assert (listing.env.ok, listing.env.error, listing.exit_code) == (True, None, None)
+    assert [(c.sha, c.subject) for c in listing.commits or []] == [
+        (tagged, "release 1.0.5"), *repo.commits
+    ]  # fmt: skip
+    assert built.env.ok, built.env.error
+    assert built.env.freeze == [f"leakyfixture @ {source}"]
+    assert (built.exit_code, built.log_tail) == (0, "1.0.6.dev7 True\n")
+    assert executor.leftovers() == []
+
+
+def test_a_local_clone_is_refused_before_any_container_starts(
+    executor: DockerExecutor, fixture_index: str, tmp_path: Path
+) -> None:
+    for repo in (str(tmp_path), tmp_path.as_uri()):
+        wanted = CommitRange(repo=repo, package="leakyfixture", good="1.0.5", bad="1.0.6")
+        report = executor.run_trial(trial(fixture_index, "", kind="commits", commit_range=wanted))
+        assert (report.env.ok, report.env.error, report.commits) == (False, LOCAL_CLONE, None)
+    assert executor.leftovers() == []

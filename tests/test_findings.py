@@ -96,11 +96,26 @@ def test_commit_lines_name_the_commit_and_the_unbuildable() -> None:
         "first_bad": {"sha": "adedb82cd3a3" + "0" * 28, "subject": "cache decoded frames"},
         "unbuildable": [{"sha": "b" * 40, "subject": "build: read the version from a file"}],
         "commits": 13,
+        "repo": "https://example.invalid/leakyfixture.git",
     }
     assert commit_lines(commit) == [
         "first leaking commit: adedb82cd3a3 cache decoded frames",
+        "  repository: https://example.invalid/leakyfixture.git",
         f"  last good: {'a' * 40} tidy",
         f"  first bad: adedb82cd3a3{'0' * 28} cache decoded frames",
         f"  did not build (skipped): {'b' * 12} build: read the version from a file",
         "  13 commits between the two tags, both tags included",
+    ]
+
+
+def test_commit_lines_while_listing_and_when_listing_failed() -> None:
+    listing = {"repo": "https://example.invalid/r.git", "last_good_release": "1.0.5",
+               "first_bad_release": "1.0.6"}  # fmt: skip
+    assert commit_lines(listing) == [
+        "listing the commits from 1.0.5 to 1.0.6 in https://example.invalid/r.git"
+    ]
+    failed = {**listing, "status": "error", "message": "--commits: no tag for x 1.0.6"}
+    assert commit_lines(failed) == [
+        "--commits: no tag for x 1.0.6",
+        "  repository: https://example.invalid/r.git",
     ]

@@ -11,13 +11,26 @@ from sqlalchemy import text
 from sqlalchemy.engine import Engine
 from sqlmodel import Session, col, select
 
+from runners import commits
+from runners.wire import CommitRange, EnvSpec, TrialSpec
 from service import reuse
 from service.api.maintenance import tick
 from service.db import make_engine, upgrade
-from service.models import Candidate, Job, JobStatus, Runner, Trial, TrialStatus, utcnow
+from service.models import (
+    Candidate,
+    Job,
+    JobStatus,
+    Runner,
+    Trial,
+    TrialKind,
+    TrialStatus,
+    utcnow,
+)
 from service.queue import cancel_open_trials
 from service.scheduler import advance, cancel, slots_for
 from service.settings import Settings
+from service.specs import trial_spec
+from service.trials import record_report
 from service.verdicts import Verdict
 
 VERSIONS = [f"1.0.{i}" for i in range(10)]
@@ -89,9 +102,14 @@ def queued_versions(session: Session, job: Job) -> list[str]:
 
 
 def judge(session: Session, job: Job, leaks_from: str = "1.0.6") -> None:
-    """Finish every open trial of `job` as the fixture's ground truth says, then advance."""
+    """Finish every open trial of `job` as the fixture's ground truth says, then advance
+    (a commits trial is left to `listed`: its answer is a list, not a verdict)."""
     while True:
-        query = select(Trial).where(Trial.job_id == job.id, Trial.status == TrialStatus.QUEUED)
+        query = select(Trial).where(
+            Trial.job_id == job.id,
+            Trial.status == TrialStatus.QUEUED,
+            Trial.kind != TrialKind.COMMITS,
+        )
         open_trials = list(session.exec(query))
         if not open_trials:
             return
@@ -369,3 +387,67 @@ def test_outcome_leads_the_message_and_creation_notes_stay(session: Session) -> 
     session.refresh(traced)
     untraced = "the traced run wrote no profile"
     assert traced.message == f"{outcome}\ntracemalloc: {untraced}; memray: {untraced}\n{note}"
+
+
+def listing_trial(session: Session, job: Job) -> Trial:
+    query = select(Trial).where(Trial.job_id == job.id, Trial.kind == TrialKind.COMMITS)
+    return session.exec(query.execution_options(populate_existing=True)).one()
+
+
+def listed(session: Session, job: Job, trial: Trial, **answer: Any) -> None:
+    """A runner's answer to the commits trial (runners/commits.py `report`), recorded and
+    advanced as the API's complete route does."""
+    spec = TrialSpec(trial_id=trial.id, kind="commits", script="",
+                     env=EnvSpec(package="leakyfixture", version="1.0.6"))  # fmt: skip
+    candidate = session.get(Candidate, trial.candidate_id)
+    assert candidate is not None
+    record_report(session, job, candidate, trial, commits.report(spec, answer))
+    advance(session, job, 1)
+    session.refresh(job)
+
+
+REPO = "https://example.invalid/leakyfixture.git"
+
+
+def test_the_commit_stage_waits_for_a_runner_to_list_the_commits(session: Session) -> None:
+    """The server runs no git: a commits trial on the first bad release asks a runner for
+    the list, and its answer becomes the commit candidates, each built from its sha."""
+    job = seed(session, reuse_verdicts=False, attribute=False, commits=True, repo=REPO)
+    advance(session, job, 1)
+    judge(session, job)
+    session.refresh(job)
+    assert job.status == JobStatus.RUNNING  # the releases are done, the commits are not
+    trial = listing_trial(session, job)
+    assert (trial.status, session.get(Candidate, trial.candidate_id).version) == (  # type: ignore[union-attr]
+        TrialStatus.QUEUED, "1.0.6"
+    )
+    assert job.commit == {"repo": REPO, "last_good_release": "1.0.5", "first_bad_release": "1.0.6"}
+    assert trial_spec(job, candidates(session, job)[6], trial).commit_range == CommitRange(
+        repo=REPO, package="leakyfixture", good="1.0.5", bad="1.0.6"
+    )
+    shas = [f"{i:040x}" for i in (5, 6, 7)]
+    listed(session, job, trial, commits=[{"sha": s, "subject": f"c{s[-1]}"} for s in shas])
+    made = [c for c in candidates(session, job) if c.stage == "commit"]
+    assert [(c.version, c.source, c.subject) for c in made] == [
+        (s[:12], f"git+{REPO}@{s}", f"c{s[-1]}") for s in shas
+    ]
+    assert queued_versions(session, job) == [shas[0][:12]]  # the planner's good bound first
+
+
+def test_a_failed_listing_ends_the_commit_stage_and_keeps_the_release(session: Session) -> None:
+    job = seed(session, reuse_verdicts=False, attribute=False, commits=True, repo=REPO)
+    advance(session, job, 1)
+    judge(session, job)
+    why = f"no tag for leakyfixture 1.0.6 in {REPO}: tried v1.0.6, 1.0.6"
+    listed(session, job, listing_trial(session, job), error=why, seconds=0.5)
+    assert job.status == JobStatus.FOUND
+    assert job.commit == {
+        "repo": REPO, "last_good_release": "1.0.5", "first_bad_release": "1.0.6",
+        "status": "error", "message": f"--commits: {why}",
+    }  # fmt: skip
+    assert job.stages[-1] == {
+        "stage": "commit", "package": "leakyfixture", "status": "error",
+        "message": f"--commits: {why}",
+    }  # fmt: skip
+    assert job.message.splitlines()[-1] == f"--commits: {why}"  # type: ignore[union-attr]
+    assert listing_trial(session, job).error == why

@@ -54,6 +54,7 @@ def upgrade() -> None:
     with op.batch_alter_table("trial", schema=None) as batch_op:
         batch_op.add_column(sa.Column("trace", sqlmodel.sql.sqltypes.AutoString(), nullable=True))
         batch_op.add_column(sa.Column("profile", sa.JSON(), nullable=True))
+        batch_op.add_column(sa.Column("commits", sa.JSON(), nullable=True))
     # Rows from before hold the empty lists the models start with.
     op.execute("UPDATE job SET stages = '[]'")
     op.execute("UPDATE candidate SET pins = '[]', applied = '[]'")
@@ -61,6 +62,7 @@ def upgrade() -> None:
 
 def downgrade() -> None:
     with op.batch_alter_table("trial", schema=None) as batch_op:
+        batch_op.drop_column("commits")
         batch_op.drop_column("profile")
         batch_op.drop_column("trace")
     with op.batch_alter_table("candidate", schema=None) as batch_op:

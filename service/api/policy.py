@@ -62,10 +62,10 @@ def check_submission(request: JobCreate) -> None:
     for url in request.find_links:
         _url(url, "find_links")
     if request.repo is not None:
-        # The server lists its commits (git over https only): never a path on its disk.
-        if not request.repo.startswith("https://"):
+        # Runners clone it: a URL, never a path on a runner's disk.
+        if not request.repo.startswith(("https://", "http://")):
             raise InvalidInput(
-                f"{request.repo!r}: the API takes an https URL of the repository "
+                f"{request.repo!r}: the API takes an http(s) URL of the repository "
                 "(a local clone's path is for `bisect-cli run` only)",
                 field="repo",
             )

@@ -16,9 +16,17 @@ Rules:
   commits and tags, never file contents.
 - `repo_from_urls` and `source_ref` are pure.
 
-On the API server this module only ever lists, and only for URLs (the server never reads a
-local path a job names): it clones or fetches, lists tags and commits, and never builds,
-installs or runs anything; building a commit (`source_ref`) happens on runners.
+- git sees only a clean environment (PATH, a private HOME, locale, the CA bundle and proxy
+  settings; never a ``BISECT_*`` variable or a token), no system or global config, and
+  `GIT_ALLOW_PROTOCOL`: http(s), git and ssh for a URL, ``file`` only for a local clone
+  (a path or a file:// URL, which only `bisect-cli run` takes), never ``ext::``.
+- `list_range` is what a runner's "commits" trial does (runners/trial.py, and
+  runners/docker_entry.py in a build container): the good release's tag commit, then every
+  commit after it up to the bad release's tag, at most `MAX_COMMITS`.
+
+The API server never runs git: listing clones a repository a job names, which is a
+runner's work, as building and resolving are. `repo_from_urls` and `source_ref` are pure
+and used by the service too.
 """
 
 from __future__ import annotations
@@ -28,12 +36,23 @@ import os
 import re
 import shutil
 import subprocess
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 from packaging.version import InvalidVersion, Version
+
+from runners.wire import (
+    MAX_REPORT_COMMITS,
+    CommitInfo,
+    CommitRange,
+    EnvResult,
+    TrialReport,
+    TrialSpec,
+)
 
 GIT_TIMEOUT = 30.0
 CLONE_TIMEOUT = 300.0
@@ -56,18 +75,40 @@ class Commit:
     subject: str
 
 
-def _git(*args: str, cwd: Path | None = None, timeout: float = GIT_TIMEOUT) -> str:
-    env = {
-        **os.environ,
+# What git may see of the runner's environment: the CA bundle and proxies, nothing else.
+_PASSED = ("PATH", "SSL_CERT_FILE", "SSL_CERT_DIR", "GIT_SSL_CAINFO", "http_proxy",
+           "https_proxy", "no_proxy", "HTTP_PROXY", "HTTPS_PROXY", "NO_PROXY")  # fmt: skip
+URL_PROTOCOLS = "https:http:git:ssh"
+LOCAL_PROTOCOLS = URL_PROTOCOLS + ":file"
+
+
+def _git_env(protocols: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k in _PASSED}
+    if "SSL_CERT_FILE" in env and "GIT_SSL_CAINFO" not in env:
+        env["GIT_SSL_CAINFO"] = env["SSL_CERT_FILE"]  # git's curl reads its own variable
+    return env | {
+        "HOME": os.devnull,  # no ~/.gitconfig, no credential store
+        "GIT_CONFIG_NOSYSTEM": "1",
+        "GIT_CONFIG_GLOBAL": os.devnull,
         "GIT_TERMINAL_PROMPT": "0",
         "GIT_SSH_COMMAND": "ssh -o BatchMode=yes",
+        "GIT_ALLOW_PROTOCOL": protocols,
         "LC_ALL": "C",
     }
+
+
+def _git(
+    *args: str,
+    cwd: Path | None = None,
+    timeout: float = GIT_TIMEOUT,
+    protocols: str = LOCAL_PROTOCOLS,
+) -> str:
     what = f"git {args[0]}"
     try:
         done = subprocess.run(
-            ["git", *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout
-        )
+            ["git", *args], cwd=cwd, env=_git_env(protocols), capture_output=True, text=True,
+            timeout=timeout,
+        )  # fmt: skip
     except FileNotFoundError:
         raise CommitsError("git is not installed") from None
     except subprocess.TimeoutExpired:
@@ -108,7 +149,7 @@ def tag_candidates(package: str, version: str) -> list[str]:
     return out
 
 
-def tag_for(repo_dir: Path, package: str, version: str) -> str:
+def tag_for(repo_dir: Path, package: str, version: str, *, shown: str | None = None) -> str:
     """The first of `tag_candidates` that is a tag in `repo_dir`; CommitsError if none is."""
     listed = _git("for-each-ref", "--format=%(refname:strip=2)", "refs/tags", cwd=repo_dir)
     tags = set(listed.splitlines())
@@ -116,24 +157,29 @@ def tag_for(repo_dir: Path, package: str, version: str) -> str:
     for name in tried:
         if name in tags:
             return name
-    raise CommitsError(f"no tag for {package} {version} in {repo_dir}: tried {', '.join(tried)}")
+    where = shown or repo_dir
+    raise CommitsError(f"no tag for {package} {version} in {where}: tried {', '.join(tried)}")
 
 
-def list_commits(repo_dir: Path, old_tag: str, new_tag: str) -> list[Commit]:
+def list_commits(
+    repo_dir: Path, old_tag: str, new_tag: str, *, shown: str | None = None
+) -> list[Commit]:
     """The first-parent commits after `old_tag` up to `new_tag`, oldest first."""
     old = _resolve(repo_dir, old_tag)
     new = _resolve(repo_dir, new_tag)
     try:
         _git("merge-base", "--is-ancestor", old, new, cwd=repo_dir)
     except CommitsError:
-        raise CommitsError(f"{old_tag} is not an ancestor of {new_tag} in {repo_dir}") from None
+        raise CommitsError(
+            f"{old_tag} is not an ancestor of {new_tag} in {shown or repo_dir}"
+        ) from None
     out = _git(
         "rev-list", "--reverse", "--first-parent", "--no-commit-header", "--format=%H%x1f%s",
         f"{old}..{new}", cwd=repo_dir,
     )  # fmt: skip
     commits = [Commit(*line.split("\x1f", 1)) for line in out.splitlines() if line]
     if not commits:
-        raise CommitsError(f"no commits between {old_tag} and {new_tag} in {repo_dir}")
+        raise CommitsError(f"no commits between {old_tag} and {new_tag} in {shown or repo_dir}")
     return commits
 
 
@@ -158,17 +204,20 @@ def checkout_for(repo: str, cache_dir: Path, *, timeout: float = CLONE_TIMEOUT) 
         if not _is_repo_root(path):
             raise CommitsError(f"repo {repo} is not a git repository")
         return path.resolve()
+    # A file:// URL is the user's own clone (`bisect-cli run`; the API takes http(s) only).
+    protocols = LOCAL_PROTOCOLS if repo.startswith("file://") else URL_PROTOCOLS
     dest = Path(cache_dir) / hashlib.sha256(repo.encode()).hexdigest()[:16]
     refspecs = ["+refs/heads/*:refs/heads/*", "+refs/tags/*:refs/tags/*"]
     if (dest / "HEAD").is_file():
         # The clone remembers the URL (origin) and the blob filter.
-        _git("fetch", "--quiet", "--prune", "origin", *refspecs, cwd=dest, timeout=timeout)
+        _git("fetch", "--quiet", "--prune", "origin", *refspecs, cwd=dest, timeout=timeout,
+             protocols=protocols)  # fmt: skip
         return dest
     dest.parent.mkdir(parents=True, exist_ok=True)
     partial = dest.with_name(dest.name + f".partial-{os.getpid()}")
     try:
         _git("clone", "--quiet", "--bare", "--filter=blob:none", "--", repo, str(partial),
-             timeout=timeout)  # fmt: skip
+             timeout=timeout, protocols=protocols)  # fmt: skip
         partial.rename(dest)
     finally:
         if partial.exists():
@@ -235,3 +284,50 @@ def _repo_url(value: str) -> str | None:
     elif not path.endswith(".git"):
         return None
     return urlunsplit((parts.scheme, parts.netloc, path, "", ""))
+
+
+MAX_COMMITS = MAX_REPORT_COMMITS
+
+
+def list_range(repo: str, package: str, good: str, bad: str, cache_dir: Path) -> list[Commit]:
+    """The commits a commit search bisects: the good release's tag commit (its good bound),
+    then the first-parent commits after it up to the bad release's tag, oldest first."""
+    where = checkout_for(repo, cache_dir)
+    old_tag = tag_for(where, package, good, shown=repo)
+    new_tag = tag_for(where, package, bad, shown=repo)
+    found = [tag_commit(where, old_tag), *list_commits(where, old_tag, new_tag, shown=repo)]
+    if len(found) > MAX_COMMITS:
+        raise CommitsError(
+            f"{len(found) - 1} commits between {old_tag} and {new_tag}; at most "
+            f"{MAX_COMMITS - 1} can be bisected (bisect releases closer together)"
+        )
+    return found
+
+
+def answer(commit_range: CommitRange | None, cache_dir: Path) -> dict[str, Any]:
+    """A "commits" trial's work, as JSON-ready data (the Docker executor's build container
+    prints it): ``{"commits": [{"sha", "subject"}, ...], "seconds"}`` or ``{"error", ...}``."""
+    started = time.monotonic()
+    try:
+        if commit_range is None:
+            raise CommitsError("a commits trial needs its commit_range")
+        r = commit_range
+        found = list_range(r.repo, r.package, r.good, r.bad, Path(cache_dir))
+        out: dict[str, Any] = {"commits": [{"sha": c.sha, "subject": c.subject[:1000]}
+                                           for c in found]}  # fmt: skip
+    except CommitsError as exc:
+        out = {"error": str(exc)}
+    return out | {"seconds": round(time.monotonic() - started, 3)}
+
+
+def report(spec: TrialSpec, answered: dict[str, Any]) -> TrialReport:
+    """The trial's report from `answer`'s data: the commits, or the error as a failed env."""
+    seconds = float(answered.get("seconds") or 0.0)
+    listed = answered.get("commits")
+    if not isinstance(listed, list):
+        error = str(answered.get("error") or "listing the commits failed")
+        env = EnvResult(ok=False, error=error, seconds=seconds)
+        return TrialReport(trial_id=spec.trial_id, attempt=spec.attempt, env=env)
+    commits = [CommitInfo.model_validate(c) for c in listed]
+    env = EnvResult(ok=True, seconds=seconds)
+    return TrialReport(trial_id=spec.trial_id, attempt=spec.attempt, env=env, commits=commits)
