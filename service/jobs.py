@@ -90,35 +90,27 @@ def create_job(
     `idempotency`: the submission's digest, unique (a duplicate raises IntegrityError at the
     insert, before any candidate is written).
     """
+    given = {"machine": machine, "local": local, "owner": owner, "idempotency": idempotency}
     if request.from_env is not None:
-        return _create_dependency_job(session, request, machine=machine, local=local,
-                                      owner=owner, idempotency=idempotency)  # fmt: skip
+        return _create_dependency_job(session, request, given)
     found = releases_for(request, fetch)
     held: dict[str, Any] = {}
     if request.base_env is not None:
         base = baseenv.parse(request.base_env, request.base_env_name)
         held = {"constraints": base.split(request.package)[0], "pins_as_of": None}
-    job = Job.model_validate(
+    job = _job(
         request,
-        update={
-            "good": found[0].version,
-            "bad": found[-1].version,
-            "script_sha256": hashlib.sha256(request.script.encode()).hexdigest(),
-            "pin_state": pins.initial_state(request.as_released, request.base_env is not None),
-            "pins_as_of": pins_as_of(
-                as_released=request.as_released,
-                resolve_at=request.resolve_at,
-                good=(found[0].version, found[0].upload_time),
-                newest=(found[-1].version, found[-1].upload_time),
-            ),
-            "max_runs": max(request.max_runs, request.repeats),
-            "hardware_class": "gpu" if request.requires_gpu else "cpu",
-            "machine": machine,
-            "local": local,
-            "owner": owner,
-            "idempotency": idempotency,
-            **held,
-        },
+        given,
+        good=found[0].version,
+        bad=found[-1].version,
+        pin_state=pins.initial_state(request.as_released, request.base_env is not None),
+        pins_as_of=pins_as_of(
+            as_released=request.as_released,
+            resolve_at=request.resolve_at,
+            good=(found[0].version, found[0].upload_time),
+            newest=(found[-1].version, found[-1].upload_time),
+        ),
+        **held,
     )
     session.add(job)
     session.flush()
@@ -128,10 +120,22 @@ def create_job(
     return job
 
 
-def _create_dependency_job(
-    session: Session, request: JobCreate, *, owner: str | None, idempotency: str | None,
-    machine: dict[str, Any] | None, local: bool,
-) -> Job:  # fmt: skip
+def _job(request: JobCreate, given: dict[str, Any], **fields: Any) -> Job:
+    """The job row: the request's options, what every job derives from them, `given` (where
+    it was made) and the `fields` of its kind."""
+    return Job.model_validate(
+        request,
+        update={
+            "script_sha256": hashlib.sha256(request.script.encode()).hexdigest(),
+            "max_runs": max(request.max_runs, request.repeats),
+            "hardware_class": "gpu" if request.requires_gpu else "cpu",
+            **given,
+            **fields,
+        },
+    )
+
+
+def _create_dependency_job(session: Session, request: JobCreate, given: dict[str, Any]) -> Job:
     """A --from/--to job: both environments, what changed, and the two ends as mixes."""
     assert request.from_env is not None and request.to_env is not None
     good = baseenv.parse(request.from_env, request.from_env_name, field="from_env").pins
@@ -142,21 +146,13 @@ def _create_dependency_job(
             "the two environments pin the same versions: there is no change to blame",
             field="to_env",
         )
-    job = Job.model_validate(
+    job = _job(
         request,
-        update={
-            "good": request.from_env_name or "--from",
-            "bad": request.to_env_name or "--to",
-            "script_sha256": hashlib.sha256(request.script.encode()).hexdigest(),
-            "pin_state": PinState.NONE,
-            "max_runs": max(request.max_runs, request.repeats),
-            "hardware_class": "gpu" if request.requires_gpu else "cpu",
-            "machine": machine,
-            "local": local,
-            "owner": owner,
-            "idempotency": idempotency,
-            "dependency": stages.dependency_record(changes, good, bad),
-        },
+        given,
+        good=request.from_env_name or "--from",
+        bad=request.to_env_name or "--to",
+        pin_state=PinState.NONE,
+        dependency=stages.dependency_record(changes, good, bad),
     )
     session.add(job)
     session.flush()
