@@ -79,6 +79,50 @@ STATES = {
     "cancelled": dict(status=JobStatus.CANCELLED, message="cancelled on request"),
     "error": dict(status=JobStatus.ERROR, message="the planner failed: boom"),
 }
+# A --from/--to job with --commits as the scheduler stores it (tests/test_stages_e2e.py
+# runs the real thing), and the lines its page shows (service/findings.py).
+SHA = "adedb82cd3a3c9216e1c69a1322f217e98eae938"
+STAGES = dict(
+    versions=("1.0", "1.1"),
+    verdicts={"1.0": "clean", "1.1": "leak"},
+    result={"status": "found", "last_old": "1.0", "first_new": "1.1", "skipped": []},
+    stored={
+        "dependency": {
+            "changes": [{"name": "demo-pkg", "old": "1.0", "new": "1.1"},
+                        {"name": "other", "old": "2.0", "new": "3.0"}],
+            "mixes": [{"label": "--from env", "verdict": "clean"},
+                      {"label": "--to env", "verdict": "leak"},
+                      {"label": "mix: demo-pkg 1.1", "verdict": "leak"}],
+            "worst_case_mixes": 4,
+            "culprits": [{"name": "demo-pkg", "old": "1.0", "new": "1.1"}],
+            "certified": True,
+            "message": "leaks when demo-pkg 1.0 -> 1.1 is applied",
+        },
+        "commit": {
+            "repo": "https://example.invalid/demo.git", "status": "found", "commits": 4,
+            "first_bad": {"sha": SHA, "subject": "cache <frames>"},
+            "last_good": {"sha": "c" * 40, "subject": "tidy"},
+            "unbuildable": [],
+            "message": f"first leaking commit: {SHA[:12]} cache <frames>",
+        },
+        "attribute": False,
+    },
+)  # fmt: skip
+STAGE_LINES = {
+    "dependency": [
+        "2 packages changed between --from and --to; 3 mixes judged (at most 4 for 2 changes)",
+        "leaks when demo-pkg 1.0 -&gt; 1.1 is applied",
+        "certified 1-minimal: removing any one culprit makes it clean",
+        "  --from env: clean (0 trials)",
+    ],
+    "commit": [
+        f"first leaking commit: {SHA[:12]} cache &lt;frames&gt;",
+        "  repository: https://example.invalid/demo.git",
+        f"  last good: {'c' * 40} tidy",
+        f"  first bad: {SHA} cache &lt;frames&gt;",
+        "  4 commits between the two tags, both tags included",
+    ],
+}
 BANNERS = {
     "queued": "queued: no answer yet",
     "running": "running: no answer yet",
@@ -109,6 +153,7 @@ def site(
         package="evil-pkg",
         result={"status": "found", "last_old": "1.0", "first_new": "1.3", "skipped": []},
     )
+    ids["stages"] = add_job(url, JobStatus.FOUND, **STAGES)  # type: ignore[arg-type]
     ids["example"] = report["job_id"]
     with serving(home, env, url) as svc:
         yield Site(svc.url, url, ids, report)
@@ -162,6 +207,12 @@ def test_the_example_job_page(site: Site) -> None:
     assert '<h2>Release 1.0.6: <span class="verdict v-leak">leaks</span></h2>' in html
     assert html.count('class="curve" data-curve=') == 2  # the first bad ran twice
     assert "Dependency diff between 1.0.5 and 1.0.6: 1 other package changed" in html
+    # --attribute (on by default): the traced boundary pair's growing stack, by tracemalloc.
+    traced = section(html, "attribution")
+    assert traced.startswith("<h2>Which allocation site</h2>")
+    assert "stacks growing in 1.0.6 and not in 1.0.5 (tracing perturbs timing" in traced
+    assert "leakyfixture/__init__.py:22 in _touched &lt;- leakyfixture" in traced
+    assert 'id="dependency"' not in html and 'id="commit"' not in html
     assert 'title="yanked">Y</span>' in html  # 1.0.3
     selected = site.get(f"/jobs/{job}?candidate=1.0.0").text
     assert '<h2>Release 1.0.0: <span class="verdict v-clean">clean</span></h2>' in selected
@@ -170,6 +221,23 @@ def test_the_example_job_page(site: Site) -> None:
     assert curve["points"] == curve["samples"] == len(curve["t"]) == len(curve["rss"])
     assert len(curve["host"]["floors"]) >= 6 and len(curve["host"]["slope"]) == 2
     assert curve["steps"] and curve["gpu"] is None
+
+
+def section(html: str, id_: str) -> str:
+    found = re.search(rf'<section class="card" id="{id_}">\s*(.*?)</section>', html, re.S)
+    assert found, f"no section {id_}"
+    return found.group(1)
+
+
+def test_the_stages_beyond_the_release_have_their_sections(site: Site) -> None:
+    html = site.get(f"/jobs/{site.ids['stages']}").text
+    dependency = section(html, "dependency")
+    assert dependency.startswith("<h2>Which dependency</h2>")
+    assert "\n".join(STAGE_LINES["dependency"]) in dependency
+    commit = section(html, "commit")
+    assert commit.startswith("<h2>Which commit</h2>")
+    assert "\n".join(STAGE_LINES["commit"]) in commit
+    assert 'id="attribution"' not in html  # --no-attribute
 
 
 def test_fragments_and_list(site: Site) -> None:

@@ -83,9 +83,11 @@ def add_job(
     leased: str | None = None,
     log_tail: str | None = None,
     find_fix: bool = False,
+    stored: dict[str, Any] | None = None,
 ) -> int:
     """A job in `status` with candidates `versions` (verdicts by version), one done trial per
-    judged candidate (with `log_tail`), one leased trial of `leased`; returns its id."""
+    judged candidate (with `log_tail`), one leased trial of `leased`; returns its id.
+    `stored`: more of the job's fields as the scheduler stores them (`dependency`, `commit`)."""
     upgrade(url)
     verdicts = verdicts or {}
     script = "print('hello')\n"
@@ -103,6 +105,7 @@ def add_job(
             find_fix=find_fix,
             requirements=requirements or [],
             finished_at=utcnow() if status.finished else None,
+            **(stored or {}),
         )
         session.add(job)
         session.flush()
