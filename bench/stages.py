@@ -1,6 +1,7 @@
-"""The stages beyond the release: ddmin's mixes against changed packages, and what tracing costs.
+"""The stages beyond the release: ddmin's mixes against changed packages, what tracing costs,
+and the trials and wall time of each end-to-end test scenario.
 
-    uv run python bench/stages.py [--repeats 3] [--report docs/bench-stages.md]
+    uv run python bench/stages.py [--repeats 3] [--no-scenarios] [--report docs/bench-stages.md]
 
 1. ddmin (pure, no environments): `service.ddmin.step` driven to its answer with one slot
    for every single culprit and every interacting pair among n changes (n = 1..16),
@@ -11,25 +12,39 @@
    sampler as a run trial does, under tracemalloc, and under memray (the trial's helper,
    `runners/tracehelper.py`), all with the same memory cap and no early stopping. Figures
    are the script's wall time as the sampler measured it (`duration_s`), median and range.
+3. Scenarios: each end-to-end scenario of tests/test_stages_e2e.py and
+   tests/test_attribute_e2e.py run as those tests run it (`bisect-cli run`, a fresh home and
+   database, the uv cache shared and warmed by one uncounted run of the same scenario),
+   with the wall time of the whole command, the trials by kind from its database, the
+   traced runs' durations against the untraced runs of the same boundary pair, and the
+   answer. The attribution scenarios install memray from PyPI.
 """
 
 from __future__ import annotations
 
 import argparse
 import itertools
+import json
+import os
 import platform
+import sqlite3
 import statistics
 import subprocess
 import sys
 import tempfile
+import time
 from collections.abc import Callable
+from contextlib import nullcontext
 from pathlib import Path
 from typing import Any
 
 from runners.executor import run_script
 from runners.tracing import MEMRAY_REQUIREMENT, helper_args
 from service.ddmin import Change, Need, Outcome, step, worst_case_tests
-from service.example.fixture import build_fixture
+from service.example.fixture import FixtureSpec, build_fixture
+from service.example.gitrepo import build_repo
+from service.example.index import serve_index
+from service.example.suite import SCENARIOS, build_suite
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -94,11 +109,156 @@ def tracing_costs(repeats: int) -> dict[str, list[float]]:
         return out
 
 
+# (name, how to make its inputs under a directory) -> the `bisect-cli run` arguments; an
+# index to serve, when the scenario has one.
+Scenario = tuple[str, Callable[[Path], tuple[list[str], Path | None]]]
+
+
+def _dependency(name: str) -> Scenario:
+    def make(home: Path) -> tuple[list[str], Path | None]:
+        suite = build_suite(home / "suite", name)
+        args = ["run", str(suite.repro), "--from", str(suite.good), "--to", str(suite.bad),
+                "--no-attribute"]  # fmt: skip
+        return args, suite.find_links
+
+    return f"which dependency: {name}", make
+
+
+def _attribute(via: str) -> Scenario:
+    def make(home: Path) -> tuple[list[str], Path | None]:
+        wheels = build_fixture(home / "wheels", FixtureSpec(leak_via=via))
+        return ["run", str(REPRO), "--package", "leakyfixture", "--range", "1.0.5..1.0.6",
+                "--find-links", str(wheels)], None  # fmt: skip
+
+    return f"which allocation site: {via} leak", make
+
+
+def _commits(home: Path) -> tuple[list[str], Path | None]:
+    repo = build_repo(home / "repo", commits=12, leaking=7, broken=9)
+    args = ["run", str(REPRO), "--package", "leakyfixture", "--range", "1.0.5..1.0.7",
+            "--commits", "--repo", str(repo.path), "--no-attribute"]  # fmt: skip
+    return args, build_fixture(home / "wheels")
+
+
+SCENARIO_LIST: list[Scenario] = [
+    *(_dependency(name) for name in SCENARIOS),
+    *(_attribute(via) for via in ("python", "native")),
+    ("which commit: 12 commits, one unbuildable", _commits),
+]
+
+
+def run_scenario(work: Path, make: Callable[[Path], tuple[list[str], Path | None]],
+                 uv_cache: Path) -> dict[str, Any]:  # fmt: skip
+    """One `bisect-cli run` of a scenario in a fresh home: its wall time, trials and answer."""
+    home = Path(tempfile.mkdtemp(prefix="scenario-", dir=work))
+    home.chmod(0o755)  # the trial and build users reach the environments under it
+    args, index_dir = make(home)
+    db = home / "r.db"
+    env = {**os.environ, "XDG_DATA_HOME": str(home / "data"),
+           "XDG_CACHE_HOME": str(home / "cache"), "UV_CACHE_DIR": str(uv_cache)}  # fmt: skip
+    with serve_index(index_dir) if index_dir else nullcontext(None) as index:
+        extra = ["--index-url", index] if index else []
+        started = time.monotonic()
+        done = subprocess.run(
+            [sys.executable, "-m", "service.cli", *args, *extra,
+             "--database-url", f"sqlite:///{db}", "--json"],
+            capture_output=True, text=True, env=env, timeout=1800,
+        )  # fmt: skip
+        wall = time.monotonic() - started
+    if done.returncode != 0:
+        raise SystemExit(f"{args[:2]} failed ({done.returncode}): {done.stderr[-2000:]}")
+    return {"wall_s": wall, **_trials(db), "answer": _answer(json.loads(done.stdout))}
+
+
+def _trials(db: Path) -> dict[str, Any]:
+    """Trials by kind (runs by stage), and the boundary pair's traced and untraced seconds."""
+    with sqlite3.connect(db) as con:
+        rows = con.execute(
+            "select t.kind, c.stage, t.trace, t.duration_s, t.exit_code, c.id from trial t "
+            "join candidate c on c.id = t.candidate_id where t.status = 'done'"
+        ).fetchall()
+    runs: dict[str, int] = {}
+    for kind, stage, *_ in rows:
+        if kind == "run":
+            runs[stage or "releases"] = runs.get(stage or "releases", 0) + 1
+    traced = {r[5] for r in rows if r[0] == "attribute"}
+    timing: dict[str, list[float]] = {}
+    for _kind, _stage, trace, seconds, exit_code, cid in rows:
+        if cid in traced and exit_code is not None and seconds:
+            timing.setdefault(trace or "untraced", []).append(seconds)
+    return {
+        "runs": runs,
+        "traced": sum(1 for r in rows if r[0] == "attribute"),
+        "listings": sum(1 for r in rows if r[0] == "commits"),
+        "boundary_seconds": {k: statistics.median(v) for k, v in timing.items()},
+    }
+
+
+def _answer(report: dict[str, Any]) -> str:
+    found = report.get("dependency") or {}
+    commit = report.get("commit") or {}
+    if commit.get("first_bad"):
+        return f"{commit['first_bad']['sha'][:12]} {commit['first_bad']['subject']}"
+    traced = report.get("attribution") or {}
+    if traced:
+        return traced.get("message", "")
+    culprits = ", ".join(c["name"] for c in found.get("culprits", []))
+    return f"{culprits}; first bad {report.get('package')} {report.get('first_bad')}"
+
+
+def scenario_rows() -> list[dict[str, Any]]:
+    with tempfile.TemporaryDirectory(prefix="bench-scenarios-") as tmp:
+        work = Path(tmp)
+        work.chmod(0o755)
+        uv_cache = work / "uv-cache"
+        uv_cache.mkdir(mode=0o755)
+        rows = []
+        for name, make in SCENARIO_LIST:
+            run_scenario(work, make, uv_cache)  # warms the uv cache, not counted
+            rows.append({"name": name, **run_scenario(work, make, uv_cache)})
+            print(f"{name}: {rows[-1]['wall_s']:.1f} s", file=sys.stderr)
+        return rows
+
+
+def _scenario_lines(rows: list[dict[str, Any]]) -> list[str]:
+    lines = [
+        "",
+        "## Scenarios: the end-to-end tests' runs, one each after an uncounted warm-up",
+        "",
+        "| scenario | wall s | judged runs | traced runs | commit listings | answer |",
+        "| --- | --- | --- | --- | --- | --- |",
+    ]
+    for r in rows:
+        runs = ", ".join(f"{n} {stage}" for stage, n in sorted(r["runs"].items()))
+        lines.append(f"| {r['name']} | {r['wall_s']:.1f} | {runs} | {r['traced']} | "
+                     f"{r['listings']} | {r['answer']} |")  # fmt: skip
+    lines += [
+        "",
+        "Tracing on the boundary runs (median script seconds of the same two releases):",
+        "",
+        "| scenario | untraced | tracemalloc | memray |",
+        "| --- | --- | --- | --- |",
+    ]
+    for r in rows:
+        t = r["boundary_seconds"]
+        if "tracemalloc" in t:
+            cells = [
+                f"{t[k]:.2f} s" if k in t else "-" for k in ("untraced", "tracemalloc", "memray")
+            ]
+            lines.append(f"| {r['name']} | {' | '.join(cells)} |")
+    return lines
+
+
 def _mean_max(values: list[int]) -> str:
     return f"{statistics.mean(values):.2f} / {max(values)}" if values else ""
 
 
-def report(path: Path, rows: list[dict[str, Any]], costs: dict[str, list[float]]) -> str:
+def report(
+    path: Path,
+    rows: list[dict[str, Any]],
+    costs: dict[str, list[float]],
+    scenarios: list[dict[str, Any]] | None = None,
+) -> str:
     base = statistics.median(costs["untraced"])
     lines = [
         "# Stages beyond the release: ddmin mixes and tracing cost",
@@ -126,8 +286,10 @@ def report(path: Path, rows: list[dict[str, Any]], costs: dict[str, list[float]]
         median = statistics.median(values)
         lines.append(f"| {name} | {median:.2f} | {min(values):.2f}..{max(values):.2f} | "
                      f"{median / base:.2f}x |")  # fmt: skip
-    lines += ["", f"{len(costs['untraced'])} runs each, interleaved.", ""]
-    text = "\n".join(lines)
+    lines += ["", f"{len(costs['untraced'])} runs each, interleaved."]
+    if scenarios:
+        lines += _scenario_lines(scenarios)
+    text = "\n".join([*lines, ""])
     path.write_text(text)
     return text
 
@@ -136,11 +298,15 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--repeats", type=int, default=3, help="runs of each kind (default 3)")
     ap.add_argument("--report", type=Path, default=ROOT / "docs" / "bench-stages.md")
+    ap.add_argument("--no-scenarios", action="store_true",
+                    help="skip section 3, the end-to-end scenarios (about 10 minutes)")  # fmt: skip
     args = ap.parse_args()
     if args.repeats < 1:
         ap.error("--repeats: must be at least 1")
     rows = ddmin_counts()
-    print(report(args.report, rows, tracing_costs(args.repeats)))
+    costs = tracing_costs(args.repeats)
+    scenarios = None if args.no_scenarios else scenario_rows()
+    print(report(args.report, rows, costs, scenarios))
     return 0
 
 
