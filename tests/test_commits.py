@@ -100,10 +100,12 @@ def test_build_repo_other_shapes(tmp_path):
         build_repo(tmp_path / "bad", commits=4, leaking=2, broken=4)
 
 
-def test_commits_build_offline_with_uv(fixture_repo, tmp_path, uv_cache):
-    """The in-tree backend builds each commit with uv and no index; the broken one fails."""
+def test_commits_build_offline_with_uv(fixture_repo, tmp_path):
+    """The in-tree backend builds each commit with uv and no index; the broken one fails.
+    (Its own uv cache: uv runs as this process's user here, and the session's cache belongs
+    to the build user the runners drop to; root-owned entries in it break later builds.)"""
     venv = tmp_path / "venv"
-    env = {"VIRTUAL_ENV": str(venv), "PATH": "/usr/bin:/bin", "UV_CACHE_DIR": str(uv_cache)}
+    env = {"VIRTUAL_ENV": str(venv), "PATH": "/usr/bin:/bin", "UV_CACHE_DIR": str(tmp_path / "uv")}
 
     def uv(*args: str) -> subprocess.CompletedProcess[str]:
         cmd = [find_uv_bin(), *args]
