@@ -248,7 +248,8 @@ def test_fragments_and_list(site: Site) -> None:
     ids = [int(i) for i in re.findall(r'<tr id="job-row-(\d+)">', listing)]
     assert ids == sorted(ids, reverse=True) and len(ids) == len(site.ids)
     found_only = site.get("/?status=found").text
-    assert re.findall(r'<span class="badge s-(\w+)">', found_only) == ["found"] * 4
+    # found, find_fix, hostile, stages and the example
+    assert re.findall(r'<span class="badge s-(\w+)">', found_only) == ["found"] * 5
     evil = site.get("/fragments/jobs?package=EVIL_pkg").text  # PEP 503 comparison
     assert re.findall(r'<tr id="job-row-(\d+)">', evil) == [str(site.ids["hostile"])]
     assert "1.0.5 → 1.0.6" in listing and "5/10 judged" in listing
