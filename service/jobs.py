@@ -98,19 +98,19 @@ def create_job(
     if request.base_env is not None:
         base = baseenv.parse(request.base_env, request.base_env_name)
         held = {"constraints": base.split(request.package)[0], "pins_as_of": None}
+    as_of = pins_as_of(
+        as_released=request.as_released,
+        resolve_at=request.resolve_at,
+        good=(found[0].version, found[0].upload_time),
+        newest=(found[-1].version, found[-1].upload_time),
+    )
     job = _job(
         request,
         given,
         good=found[0].version,
         bad=found[-1].version,
         pin_state=pins.initial_state(request.as_released, request.base_env is not None),
-        pins_as_of=pins_as_of(
-            as_released=request.as_released,
-            resolve_at=request.resolve_at,
-            good=(found[0].version, found[0].upload_time),
-            newest=(found[-1].version, found[-1].upload_time),
-        ),
-        **held,
+        **{"pins_as_of": as_of, **held},  # a base env holds its own pins, as of no date
     )
     session.add(job)
     session.flush()
