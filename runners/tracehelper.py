@@ -19,8 +19,9 @@ to site-packages where it lies there (so the same line compares across environme
   snapshots never take more than a sixth of the run), every
   `INTERVAL_S` while it prints none, and once at the end; thinned to `MAX_SNAPSHOTS`.
 * ``memray``: native stacks (``native_traces``) of everything allocated and still live
-  at the end: one snapshot. Growth across steps shows as live bytes that the last good
-  release does not have (the comparison subtracts it).
+  at the end, captured in memray's aggregated format (per stack, not per allocation, so
+  the capture stays small however long the run): one snapshot. Growth across steps shows
+  as live bytes that the last good release does not have (the comparison subtracts it).
 """
 
 from __future__ import annotations
@@ -213,9 +214,13 @@ def with_memray(script: str, out: str) -> tuple[int, dict]:
     except ImportError as exc:
         return run(script), {"error": f"memray did not import: {exc}"}
     capture = out + ".bin"
+    # Aggregated: per-stack counts instead of every allocation, so a long run's capture
+    # file stays small; it keeps what the leak report reads (memray >= 1.8).
+    aggregated = getattr(getattr(memray, "FileFormat", None), "AGGREGATED_ALLOCATIONS", None)
+    options = {"file_format": aggregated} if aggregated is not None else {}
     t0 = time.monotonic()
     try:
-        with memray.Tracker(capture, native_traces=True, follow_fork=False):
+        with memray.Tracker(capture, native_traces=True, follow_fork=False, **options):
             code = run(script)
         took = time.monotonic() - t0
         reader = memray.FileReader(capture)
