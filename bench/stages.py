@@ -1,7 +1,8 @@
 """The stages beyond the release: ddmin's mixes against changed packages, what tracing costs,
 and the trials and wall time of each end-to-end test scenario.
 
-    uv run python bench/stages.py [--repeats 3] [--no-scenarios] [--report docs/bench-stages.md]
+    uv run python bench/stages.py [--repeats 3] [--scenarios all|none|KEY,...] [--no-warm-up]
+                                  [--report docs/bench-stages.md]
 
 1. ddmin (pure, no environments): `service.ddmin.step` driven to its answer with one slot
    for every single culprit and every interacting pair among n changes (n = 1..16),
@@ -33,7 +34,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from contextlib import nullcontext
 from pathlib import Path
 from typing import Any
@@ -109,9 +110,9 @@ def tracing_costs(repeats: int) -> dict[str, list[float]]:
         return out
 
 
-# (name, how to make its inputs under a directory) -> the `bisect-cli run` arguments; an
-# index to serve, when the scenario has one.
-Scenario = tuple[str, Callable[[Path], tuple[list[str], Path | None]]]
+# (key, title, how to make its inputs under a directory): the `bisect-cli run` arguments,
+# and a directory of wheels to serve as its index, when the scenario has one.
+Scenario = tuple[str, str, Callable[[Path], tuple[list[str], Path | None]]]
 
 
 def _dependency(name: str) -> Scenario:
@@ -121,7 +122,7 @@ def _dependency(name: str) -> Scenario:
                 "--no-attribute"]  # fmt: skip
         return args, suite.find_links
 
-    return f"which dependency: {name}", make
+    return name, f"which dependency: {name}", make
 
 
 def _attribute(via: str) -> Scenario:
@@ -130,7 +131,7 @@ def _attribute(via: str) -> Scenario:
         return ["run", str(REPRO), "--package", "leakyfixture", "--range", "1.0.5..1.0.6",
                 "--find-links", str(wheels)], None  # fmt: skip
 
-    return f"which allocation site: {via} leak", make
+    return via, f"which allocation site: {via} leak", make
 
 
 def _commits(home: Path) -> tuple[list[str], Path | None]:
@@ -143,7 +144,7 @@ def _commits(home: Path) -> tuple[list[str], Path | None]:
 SCENARIO_LIST: list[Scenario] = [
     *(_dependency(name) for name in SCENARIOS),
     *(_attribute(via) for via in ("python", "native")),
-    ("which commit: 12 commits, one unbuildable", _commits),
+    ("commits", "which commit: 12 commits, one unbuildable", _commits),
 ]
 
 
@@ -175,7 +176,7 @@ def _trials(db: Path) -> dict[str, Any]:
     with sqlite3.connect(db) as con:
         rows = con.execute(
             "select t.kind, c.stage, t.trace, t.duration_s, t.exit_code, c.id from trial t "
-            "join candidate c on c.id = t.candidate_id where t.status = 'done'"
+            "join candidate c on c.id = t.candidate_id where t.status = 'done' order by t.id"
         ).fetchall()
     runs: dict[str, int] = {}
     for kind, stage, *_ in rows:
@@ -206,30 +207,42 @@ def _answer(report: dict[str, Any]) -> str:
     return f"{culprits}; first bad {report.get('package')} {report.get('first_bad')}"
 
 
-def scenario_rows() -> list[dict[str, Any]]:
+SCENARIO_KEYS = tuple(key for key, _, _ in SCENARIO_LIST)
+
+
+def scenario_rows(keys: Sequence[str], warm_up: bool = True) -> list[dict[str, Any]]:
     with tempfile.TemporaryDirectory(prefix="bench-scenarios-") as tmp:
         work = Path(tmp)
         work.chmod(0o755)
         uv_cache = work / "uv-cache"
         uv_cache.mkdir(mode=0o755)
         rows = []
-        for name, make in SCENARIO_LIST:
-            run_scenario(work, make, uv_cache)  # warms the uv cache, not counted
+        for key, name, make in SCENARIO_LIST:
+            if key not in keys:
+                continue
+            if warm_up:
+                run_scenario(work, make, uv_cache)  # fills the uv cache, not counted
             rows.append({"name": name, **run_scenario(work, make, uv_cache)})
             print(f"{name}: {rows[-1]['wall_s']:.1f} s", file=sys.stderr)
         return rows
 
 
+STAGE_WORDS = {"mix": "mixes", "releases": "releases", "commit": "commits"}
+
+
 def _scenario_lines(rows: list[dict[str, Any]]) -> list[str]:
     lines = [
         "",
-        "## Scenarios: the end-to-end tests' runs, one each after an uncounted warm-up",
+        "## Scenarios: the end-to-end tests' runs",
+        "",
+        "Each after an uncounted warm-up run that fills the uv cache (unless `--no-warm-up`);"
+        " judged runs by stage (the mixes, the releases, the commits).",
         "",
         "| scenario | wall s | judged runs | traced runs | commit listings | answer |",
         "| --- | --- | --- | --- | --- | --- |",
     ]
     for r in rows:
-        runs = ", ".join(f"{n} {stage}" for stage, n in sorted(r["runs"].items()))
+        runs = " + ".join(f"{n} {STAGE_WORDS.get(stage, stage)}" for stage, n in r["runs"].items())
         lines.append(f"| {r['name']} | {r['wall_s']:.1f} | {runs} | {r['traced']} | "
                      f"{r['listings']} | {r['answer']} |")  # fmt: skip
     lines += [
@@ -298,14 +311,25 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--repeats", type=int, default=3, help="runs of each kind (default 3)")
     ap.add_argument("--report", type=Path, default=ROOT / "docs" / "bench-stages.md")
-    ap.add_argument("--no-scenarios", action="store_true",
-                    help="skip section 3, the end-to-end scenarios (about 10 minutes)")  # fmt: skip
+    ap.add_argument(
+        "--scenarios",
+        default="all",
+        help=f"section 3's scenarios, comma-separated, of {','.join(SCENARIO_KEYS)}; "
+        "'all' (the default, about 10 minutes) or 'none'",
+    )
+    ap.add_argument("--no-warm-up", action="store_true",
+                    help="section 3: no uncounted first run of each scenario")  # fmt: skip
     args = ap.parse_args()
     if args.repeats < 1:
         ap.error("--repeats: must be at least 1")
+    keys = {"all": SCENARIO_KEYS, "none": ()}.get(args.scenarios) or args.scenarios.split(",")
+    unknown = sorted(set(keys) - set(SCENARIO_KEYS))
+    if unknown:
+        ap.error(f"--scenarios: unknown {', '.join(unknown)}; choose from "
+                 f"{', '.join(SCENARIO_KEYS)}, all or none")  # fmt: skip
     rows = ddmin_counts()
     costs = tracing_costs(args.repeats)
-    scenarios = None if args.no_scenarios else scenario_rows()
+    scenarios = scenario_rows(keys, warm_up=not args.no_warm_up) if keys else None
     print(report(args.report, rows, costs, scenarios))
     return 0
 

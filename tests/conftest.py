@@ -1,6 +1,7 @@
 """Shared fixtures: the offline fixture index, a uv cache kept for the whole session, and
 directories the trial and build users can reach."""
 
+import fcntl
 import os
 import shutil
 import tempfile
@@ -91,15 +92,33 @@ PG_ADMIN_URL = os.environ.get(
 )
 
 
+# The modules that start containers: some check that no container of a kind is left on
+# the whole engine, so they never run beside each other (`_containers_alone`).
+DOCKER_MODULES = {"test_docker_executor", "test_docker_compose", "test_docker_gpu"}
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    # One source for the `postgres` marker:
-    # every test that uses a Postgres database, directly or as the "postgres" parameter
-    # of a database fixture (those reach pg_url through getfixturevalue).
     for item in items:
+        # One source for the `postgres` marker:
+        # every test that uses a Postgres database, directly or as the "postgres" parameter
+        # of a database fixture (those reach pg_url through getfixturevalue).
         callspec = getattr(item, "callspec", None)
         params = callspec.params.values() if callspec is not None else ()
         if "pg_url" in getattr(item, "fixturenames", ()) or "postgres" in params:
             item.add_marker(pytest.mark.postgres)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _containers_alone(request: pytest.FixtureRequest) -> Iterator[None]:
+    """Under pytest-xdist (pyproject's addopts: two workers, `--dist loadfile`, so a module's
+    tests and its module-scoped fixtures stay on one worker) the modules that start
+    containers take turns: an inter-process lock held for the whole module."""
+    if request.module.__name__.rsplit(".", 1)[-1] not in DOCKER_MODULES:
+        yield
+        return
+    with open(Path(tempfile.gettempdir()) / "leakbisect-tests-docker.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield
 
 
 def _postgres_admin() -> Engine:

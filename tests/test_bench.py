@@ -44,14 +44,32 @@ def test_quick_benchmark_writes_every_section_with_tables(tmp_path: Path) -> Non
 
 
 def test_stages_bench_writes_its_report(tmp_path: Path) -> None:
+    """One scenario of section 3, no warm-up (the whole bench runs them all, twice each)."""
     report = tmp_path / "bench-stages.md"
-    bench("bench/stages.py", "--repeats", "1", "--report", str(report))
+    bench("bench/stages.py", "--repeats", "1", "--scenarios", "one", "--no-warm-up",
+          "--report", str(report))  # fmt: skip
     md = report.read_text()
     # ddmin is pure: its counts are exact (every position, every pair up to 16 changes).
     assert "| 6 | 56 | 5.83 / 7 | 12.87 / 21 | 15 |" in md
     assert "| 16 | 306 | 8.00 / 10 | 20.97 / 28 | 120 |" in md
     for run in ("untraced", "tracemalloc", "memray"):
         assert re.search(rf"^\| {run} \| \d+\.\d\d \| ", md, re.M), run
+    # The scenario's trials are those tests/test_stages_e2e.py pins for it.
+    row = re.search(r"^\| which dependency: one \| (\d+\.\d) \| (.*) \|$", md, re.M)
+    assert row, md
+    assert row.group(2) == "7 mixes + 4 releases | 0 | 0 | suite-gamma; first bad suite-gamma 1.0.3"
+
+
+def test_stages_bench_refuses_an_unknown_scenario() -> None:
+    proc = subprocess.run(
+        [sys.executable, "bench/stages.py", "--scenarios", "one,two"],
+        cwd=ROOT, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert proc.returncode == 2
+    assert proc.stderr.splitlines()[-1] == (
+        "stages.py: error: --scenarios: unknown two; choose from one, interaction, "
+        "unresolvable, python, native, commits, all or none"
+    )
 
 
 def test_readme_ddmin_table_is_the_benchmarks() -> None:
