@@ -463,6 +463,34 @@ def test_again_and_rerun(site: Site, fixture_index: str) -> None:
     assert "repeats: Input should be less than or equal to 20" in many.text
 
 
+def test_again_on_a_from_to_job_starts_from_its_two_environments(site: Site) -> None:
+    """The culprit a --from/--to job found is not an option: again asks the same question."""
+    good, bad = "suite-alpha==0.4.0\nsuite-beta==2.0.0\n", "suite-alpha==0.4.3\nsuite-beta==2.0.4\n"
+    body = {"script": "pass\n", "from_env": good, "to_env": bad, "from_env_name": "good.txt",
+            "to_env_name": "bad.txt", "index_url": "http://127.0.0.1:9/simple"}  # fmt: skip
+    job = site.http.post("/api/v1/jobs", json=body)
+    assert job.status_code == 201, job.text
+    with Session(get_engine(site.db_url)) as session:  # as the mix stage leaves it
+        found = session.get(Job, job.json()["id"])
+        assert found is not None
+        found.package, found.good, found.bad = "suite-beta", "2.0.0", "2.0.4"
+        session.add(found)
+        session.commit()
+    again = site.http.post(f"/api/v1/jobs/{job.json()['id']}/again", json={"repeats": 2})
+    assert again.status_code == 201, again.text
+    with Session(get_engine(site.db_url)) as session:
+        new = session.get(Job, again.json()["id"])
+        assert new is not None
+        assert (new.from_env, new.to_env, new.package) == (good, bad, "")
+        assert (new.good, new.bad, new.repeats) == ("good.txt", "bad.txt", 2)
+    narrowed = site.http.post(f"/api/v1/jobs/{job.json()['id']}/again",
+                              json={"candidate": "2.0.4"})  # fmt: skip
+    assert narrowed.status_code == 422
+    assert narrowed.json()["detail"] == (
+        "candidate: a --from/--to job is bisected again whole, from its two environments"
+    )
+
+
 def test_pages_and_watcher_on_postgres(
     pg_url: str, tmp_path: Path, reachable_dir: Any, uv_cache: Path
 ) -> None:

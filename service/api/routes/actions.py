@@ -75,9 +75,19 @@ def again_job(
     options["repeats"] = body.repeats or min(job.repeats + 1, 20)
     options["max_runs"] = max(job.max_runs, options["repeats"])
     options["reuse_verdicts"] = False
-    good_bad = (
-        _narrowed(session, job, body.candidate) if body.candidate else f"{job.good}..{job.bad}"
-    )
+    if job.from_env is not None:
+        # The two environments are what was asked; `package` and the bounds are what the
+        # search found (service/pipeline.py), not options.
+        if body.candidate:
+            raise InvalidInput(
+                "a --from/--to job is bisected again whole, from its two environments",
+                field="candidate",
+            )
+        options["package"], good_bad = "", ""
+    elif body.candidate:
+        good_bad = _narrowed(session, job, body.candidate)
+    else:
+        good_bad = f"{job.good}..{job.bad}"
     request = JobCreate.model_validate({**options, "range": good_bad})
     policy.check_submission(request)
     new = create_job(session, request, fetch=policy.fetch_policy(settings), owner=caller.name)
