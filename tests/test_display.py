@@ -81,3 +81,13 @@ def test_submit_progress_shows_the_running_trial_memory() -> None:
     lines = out.getvalue().splitlines()
     assert lines[1] == " C  ▶ "
     assert lines[2] == "running 1.0.9 (trial 2, r-1)   rss     12.0 MiB"
+
+
+def test_run_names_what_a_from_to_job_searches() -> None:
+    """`run`'s first line: a --from/--to job has no releases yet, only its changes."""
+    from service.cli.run import _searched
+    from service.models import Job
+
+    job = Job(package="", good="good.txt", bad="bad.txt", script="pass", script_sha256="x",
+              dependency={"changes": [{"name": "a"}, {"name": "b"}, {"name": "c"}]})  # fmt: skip
+    assert _searched(None, job) == "3 packages changed between --from and --to"  # type: ignore[arg-type]

@@ -102,6 +102,13 @@ def _create(session: Session, request: JobCreate, gpu: GpuProbe | None) -> Job:
         fail_with(exc)
 
 
+def _what(job: Job) -> str:
+    """What the job searches, for its first line."""
+    if job.dependency is not None:
+        return f"{len(job.dependency['changes'])} changed packages between --from and --to"
+    return f"{len(job.candidates_of) if False else 0}"
+
+
 def _executor(settings: Settings, gpu: GpuProbe | None) -> Executor:
     return make_executor(settings, gpu, f"run-{default_name()}")  # --executor (executor.py)
 
@@ -164,12 +171,18 @@ def run(
         with Session(engine) as session:
             job = _create(session, request, gpu)
             if not json_:
-                count = len(store.candidates_of(session, job))
-                Console(stderr=True).print(
-                    f"job {job.id}: {count} candidates, results in {shown(url)}"
-                )
+                what = _searched(session, job)
+                Console(stderr=True).print(f"job {job.id}: {what}, results in {shown(url)}")
             _bisect(session, job, executor, jobs)
             candidates, trials = store.candidates_of(session, job), store.trials_of(session, job)
             report = build_report(job, candidates, trials)
             curves = {} if json_ else curves_for(session, report)
     print_report(report, curves, json_)
+
+
+def _searched(session: Session, job: Job) -> str:
+    """What the job searches, for its first line: releases, or --from/--to's changes."""
+    if job.dependency is not None:
+        changed = len(job.dependency.get("changes", []))
+        return f"{changed} packages changed between --from and --to"
+    return f"{len(store.candidates_of(session, job))} candidates"
