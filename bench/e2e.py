@@ -5,8 +5,9 @@ The fixture (`service.example.fixture`: leakyfixture 1.0.0..1.0.9, first leaking
 served on 127.0.0.1 and searched:
 
 - by `bisect-cli run REPRO --package leakyfixture --range 1.0.0..1.0.9 --index-url URL
-  --json`, with an empty uv cache and a fresh database (cold), and in a full run 4 more
-  times with the uv cache the cold run filled (warm; new environments, new database);
+  --json --no-attribute` (the release search alone; tracing is bench/stages.py's), with an
+  empty uv cache and a fresh database (cold), and in a full run 4 more times with the uv
+  cache the cold run filled (warm; new environments, new database);
 - by a naive shell loop (`NAIVE_LOOP` below, run with bash; 5 times in a full run, as
   its answer varies): from the good end, for each release `python -m venv` + `pip
   install` from the same index, run the repro while `ps` reads its RSS every 0.1 s, and
@@ -88,8 +89,10 @@ def bisect_cli(
     env = clean_env(BISECT_CACHE_DIR=str(work / "cache"), BISECT_DATA_DIR=str(work / "data"))
     if uv_cache is not None:
         env["UV_CACHE_DIR"] = str(uv_cache)
-    cmd = [*_cli(), "run", str(repro), "--package", "leakyfixture",
-           "--range", span, "--index-url", url, "--json", *extra]  # fmt: skip
+    # The release search alone, what the naive loop does too: the traced boundary runs
+    # (--attribute, on by default) are measured by bench/stages.py.
+    cmd = [*_cli(), "run", str(repro), "--package", "leakyfixture", "--range", span,
+           "--index-url", url, "--json", "--no-attribute", *extra]  # fmt: skip
     with stopwatch() as w:
         proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900)
     try:

@@ -107,7 +107,7 @@ def one_run(runners: int, index: str, uv_cache: Path) -> dict[str, Any]:
             done = subprocess.run(
                 CLI + ["submit", str(REPRO), "--package", "leakyfixture"]
                 + ["--range", "1.0.0..1.0.9", "--index-url", index, "--wait", "--json"]
-                + ["--server", url, "--no-reuse"],
+                + ["--server", url, "--no-reuse", "--no-attribute"],  # the release search
                 capture_output=True, text=True, env=env, timeout=600,
             )  # fmt: skip
             wall = time.monotonic() - t0
