@@ -35,7 +35,8 @@ from pathlib import Path
 
 EXIT_MARKER = "::leakbisect-exit::"
 HOLD_S = 30.0
-TRACERS = ("tracemalloc", "memray")  # `runners.wire.Tracer`
+# `runners.wire.TRACERS`, spelled out: the run phase stays off pydantic until it traces.
+TRACERS = ("tracemalloc", "memray")
 
 
 def _build(kind: str, env_root: str, spec_json: str) -> int:

@@ -311,12 +311,19 @@ def _check_find_links(spec: EnvSpec, ids: Identities) -> None:
             )
 
 
+def _local_clone(spec: EnvSpec) -> Path | None:
+    """The clone a ``git+file://`` source builds from; None for any other spec."""
+    if spec.source is None or not spec.source.startswith("git+file://"):
+        return None
+    url, _ = _source_parts(spec.source)
+    return Path(url.removeprefix("file://"))
+
+
 def _check_source(spec: EnvSpec, ids: Identities) -> None:
     """A local clone (``git+file://``) must be readable by the build user, who runs git."""
-    if spec.source is None or not spec.source.startswith("git+file://"):
+    path = _local_clone(spec)
+    if path is None:
         return
-    url, _ = _source_parts(spec.source)
-    path = Path(url.removeprefix("file://"))
     reason = blocked_by(path, ids.build, "rx")
     if reason is None and path.exists() and not path.is_dir():
         reason = f"{path} is not a directory"
@@ -338,10 +345,10 @@ def _trust_clone(spec: EnvSpec, home: Path, ids: Identities) -> None:
     build's private HOME (``.gitconfig``): git drops command-line config
     (``GIT_CONFIG_COUNT``) from the upload-pack it starts for a local fetch.
     """
-    if spec.source is None or not spec.source.startswith("git+file://"):
+    path = _local_clone(spec)
+    if path is None:
         return
-    url, _ = _source_parts(spec.source)
-    clone = os.path.realpath(url.removeprefix("file://"))
+    clone = os.path.realpath(path)
     paths = [clone, os.path.join(clone, ".git")]
     # git config quoting: backslash and double quote escaped (whitespace is refused earlier).
     quoted = ['"' + p.replace("\\", "\\\\").replace('"', '\\"') + '"' for p in paths]

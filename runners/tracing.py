@@ -21,13 +21,6 @@ PROFILE_NAME = ".leakbisect-profile.json"
 MAX_PROFILE_BYTES = 4 * 1024 * 1024
 
 
-def traced_env(env: EnvSpec, tracer: Tracer) -> EnvSpec:
-    """The environment the trial runs in: `env`, plus memray for the memray tracer."""
-    if tracer != "memray":
-        return env
-    return env.model_copy(update={"requirements": [*env.requirements, MEMRAY_REQUIREMENT]})
-
-
 def helper_source() -> str:
     return (Path(__file__).parent / "tracehelper.py").read_text()
 
@@ -43,8 +36,10 @@ def tracer_of(spec: TrialSpec) -> Tracer | None:
 
 def env_of(spec: TrialSpec) -> EnvSpec:
     """The environment a trial builds: its own, plus memray for a memray trial."""
-    tracer = tracer_of(spec)
-    return traced_env(spec.env, tracer) if tracer else spec.env
+    if tracer_of(spec) != "memray":
+        return spec.env
+    requirements = [*spec.env.requirements, MEMRAY_REQUIREMENT]
+    return spec.env.model_copy(update={"requirements": requirements})
 
 
 def failed_build(spec: TrialSpec, env: EnvResult) -> dict[str, Any] | None:

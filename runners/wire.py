@@ -7,7 +7,7 @@ database, so runners can import it without the service's storage.
 
 import math
 from datetime import datetime
-from typing import Any, Literal, Self
+from typing import Any, Literal, Self, get_args
 
 from pydantic import BaseModel, Field, model_validator
 
@@ -34,6 +34,7 @@ MAX_SAMPLE_BYTES = 1 << 50
 TrialKind = Literal["run", "resolve", "attribute", "commits"]
 # The allocation tracers of an attribute trial: Python stacks, or native stacks (memray).
 Tracer = Literal["tracemalloc", "memray"]
+TRACERS: tuple[Tracer, ...] = get_args(Tracer)
 
 
 class EnvSpec(BaseModel):

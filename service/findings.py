@@ -6,9 +6,29 @@ the web page's evidence section (service/web/templates/_job_live.html) all show
 so the three say the same thing. Pure: dicts in, strings out (the caller escapes).
 """
 
-from typing import Any
+from typing import Any, Protocol
 
 MIB = 1024 * 1024
+
+
+class Found(Protocol):
+    """What a report or a job's wire model holds of the stages beyond the releases."""
+
+    dependency: dict[str, Any] | None
+    attribution: dict[str, Any] | None
+    commit: dict[str, Any] | None
+
+
+def sections(found: Found, *, frames: int) -> list[tuple[str, str, list[str]]]:
+    """The questions answered, in report order: (key, title, lines); `frames` as
+    `attribution_lines` takes it."""
+    every = [
+        ("dependency", "Which dependency", dependency_lines(found.dependency)),
+        ("attribution", "Which allocation site",
+         attribution_lines(found.attribution, frames=frames)),
+        ("commit", "Which commit", commit_lines(found.commit)),
+    ]  # fmt: skip
+    return [section for section in every if section[2]]
 
 
 def _count(n: int, noun: str, plural: str | None = None) -> str:

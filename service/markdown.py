@@ -190,14 +190,9 @@ def markdown_report(report: Report, url: str | None = None) -> str:
             f"No other package changed between {md_text(report.last_old)} and "
             f"{md_text(report.first_new)}.",
         ]
-    sections = (
-        ("Which dependency", findings.dependency_lines(report.dependency)),
-        ("Which allocation site", findings.attribution_lines(report.attribution, frames=2)),
-        ("Which commit", findings.commit_lines(report.commit)),
-    )
-    for title, lines in sections:
-        if lines:  # code spacing matters: stacks and mixes stay aligned
-            out += ["", f"#### {title}", "", md_block("\n".join(lines))]
+    for _, title, lines in findings.sections(report, frames=2):
+        # A code block: stacks and mixes stay aligned.
+        out += ["", f"#### {title}", "", md_block("\n".join(lines))]
     if report.machine:
         out += ["", "#### Machine", "", _machine(report.machine)]
     if report.reproduce:

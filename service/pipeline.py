@@ -24,6 +24,7 @@ from typing import Any
 from sqlmodel import Session
 
 from runners import attribution, commits
+from runners.wire import TRACERS
 from service import ddmin, reuse, stages
 from service.index import LOCAL, PYPI_SIMPLE, FetchPolicy, IndexUnavailable, project_urls
 from service.jobs import add_candidates, releases_between
@@ -31,7 +32,7 @@ from service.models import Candidate, Job, JobStatus, Trial, TrialKind, TrialSta
 from service.planner import Outcome
 from service.releases import RangeError
 from service.settings import get_settings
-from service.store import add_trials
+from service.store import add_trials, candidates_of
 
 MIB = 1024 * 1024
 ENDED = (TrialStatus.DONE, TrialStatus.CANCELLED)
@@ -124,8 +125,6 @@ def _start_releases(
 
 
 def _of_stage(session: Session, job: Job, stage: str) -> list[Candidate]:
-    from service.store import candidates_of
-
     return candidates_of(session, job, stage=stage)
 
 
@@ -234,19 +233,15 @@ def releases_done(
 
 
 def _commit_record(members: list[Candidate], outcome: Outcome, result: dict) -> dict[str, Any]:
-    def entry(index: int | None) -> dict[str, Any] | None:
-        if index is None:
-            return None
-        c = members[index]
+    def entry(c: Candidate) -> dict[str, Any]:
         return {"sha": (c.source or "").rsplit("@", 1)[-1], "subject": c.subject}
 
-    first, last = entry(outcome.first_new), entry(outcome.last_old)
-    skipped = [entry(i) for i in outcome.skipped]
-    unbuildable = [
-        {"sha": (c.source or "").rsplit("@", 1)[-1], "subject": c.subject}
-        for c in members
-        if c.verdict == "skip"
-    ]
+    def at(index: int | None) -> dict[str, Any] | None:
+        return None if index is None else entry(members[index])
+
+    first, last = at(outcome.first_new), at(outcome.last_old)
+    skipped = [entry(members[i]) for i in outcome.skipped]
+    unbuildable = [entry(c) for c in members if c.verdict == "skip"]
     if outcome.status == "found" and first is not None:
         message = f"first leaking commit: {first['sha'][:12]} {first['subject']}"
     else:
@@ -276,7 +271,7 @@ def attribute_step(
         return True
     if not traced:
         for candidate in (good, bad):
-            for tracer in stages.TRACERS:
+            for tracer in TRACERS:
                 add_trials(session, job, candidate, len(candidate.evaluations),
                            1, kind=TrialKind.ATTRIBUTE, trace=tracer)  # fmt: skip
         return False
@@ -290,7 +285,7 @@ def attribute_step(
 def compare_traces(job: Job, good: Candidate, bad: Candidate, traced: list[Trial]) -> dict:
     """Per tracer: the stacks that grow in `bad` and not in `good` (runners/attribution.py)."""
     by_tracer: dict[str, Any] = {}
-    for tracer in stages.TRACERS:
+    for tracer in TRACERS:
         pair = {t.candidate_id: t for t in traced if t.trace == tracer}
         g, b = pair.get(good.id), pair.get(bad.id)
         growth = _growth(b)

@@ -40,7 +40,6 @@ from service.verdicts import Verdict
 
 MIX, RELEASES, ATTRIBUTE, COMMIT = "mix", "", "attribute", "commit"
 CULPRIT_PREFIX = "release:"
-TRACERS = ("tracemalloc", "memray")
 
 
 def order(job: Job) -> list[str]:

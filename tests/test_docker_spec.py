@@ -155,3 +155,10 @@ def test_an_unknown_executor_is_refused(monkeypatch: pytest.MonkeyPatch) -> None
     result = CliRunner().invoke(app, ["runner", "--executor", "podman"])
     assert result.exit_code == 2
     assert "--executor" in result.output
+
+
+def test_the_entry_runs_every_tracer_the_wire_names() -> None:
+    # docker_entry spells the tracers out (its run phase does not import pydantic).
+    from runners import docker_entry, wire
+
+    assert docker_entry.TRACERS == wire.TRACERS == ("tracemalloc", "memray")

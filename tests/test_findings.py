@@ -1,9 +1,10 @@
 """The plain-text lines of the stages beyond the releases (service/findings.py), exactly:
 the text report, the Markdown report and the web page all print these."""
 
+from types import SimpleNamespace
 from typing import Any
 
-from service.findings import attribution_lines, commit_lines, dependency_lines
+from service.findings import attribution_lines, commit_lines, dependency_lines, sections
 
 MIB = 1024 * 1024
 
@@ -119,3 +120,15 @@ def test_commit_lines_while_listing_and_when_listing_failed() -> None:
         "--commits: no tag for x 1.0.6",
         "  repository: https://example.invalid/r.git",
     ]
+
+
+def test_sections_keep_the_answered_questions_in_report_order() -> None:
+    commit = {"repo": "https://example.invalid/r.git", "last_good_release": "1.0.5",
+              "first_bad_release": "1.0.6"}  # fmt: skip
+    attribution = {"first_bad": "1.0.6", "last_good": "1.0.5", "tracers": {}}
+    found = SimpleNamespace(dependency=None, attribution=attribution, commit=commit)
+    assert sections(found, frames=0) == [
+        ("attribution", "Which allocation site", attribution_lines(attribution)),
+        ("commit", "Which commit", commit_lines(commit)),
+    ]
+    assert sections(SimpleNamespace(dependency=None, attribution=None, commit=None), frames=2) == []

@@ -238,16 +238,10 @@ def _dependency_diff(console: Console, report: Report) -> None:
 
 def _findings(console: Console, report: Report) -> None:
     """--from/--to, --attribute and --commits, each under its question (service/findings.py)."""
-    sections = (
-        ("which dependency", findings.dependency_lines(report.dependency)),
-        ("which allocation site", findings.attribution_lines(report.attribution, frames=2)),
-        ("which commit", findings.commit_lines(report.commit)),
-    )
-    for title, lines in sections:
-        if lines:
-            console.print(f"[bold]{title}[/]")
-            for line in lines:
-                console.print(outside(line), soft_wrap=True)
+    for _, title, lines in findings.sections(report, frames=2):
+        console.print(f"[bold]{title.lower()}[/]")
+        for line in lines:
+            console.print(outside(line), soft_wrap=True)
 
 
 def _machine_text(machine: dict[str, Any]) -> str:

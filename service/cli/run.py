@@ -102,13 +102,6 @@ def _create(session: Session, request: JobCreate, gpu: GpuProbe | None) -> Job:
         fail_with(exc)
 
 
-def _what(job: Job) -> str:
-    """What the job searches, for its first line."""
-    if job.dependency is not None:
-        return f"{len(job.dependency['changes'])} changed packages between --from and --to"
-    return f"{len(job.candidates_of) if False else 0}"
-
-
 def _executor(settings: Settings, gpu: GpuProbe | None) -> Executor:
     return make_executor(settings, gpu, f"run-{default_name()}")  # --executor (executor.py)
 

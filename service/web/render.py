@@ -46,9 +46,7 @@ env = Environment(
 # Outside text (script output, uv's notes) without control characters; escaping follows.
 env.filters["printable"] = lambda text: printable(text or "")
 # The stages beyond the releases, in the reports' own words (service/findings.py).
-env.filters["dependency_lines"] = findings.dependency_lines
-env.filters["attribution_lines"] = lambda a: findings.attribution_lines(a, frames=3)
-env.filters["commit_lines"] = findings.commit_lines
+env.globals["findings"] = lambda public: findings.sections(public, frames=3)
 
 
 def _missing(value: Any) -> bool:
