@@ -26,7 +26,7 @@ from typing import Any
 
 from runners.docker_cgroup import ContainerCgroup, Counters, find
 from runners.docker_entry import EXIT_MARKER
-from runners.earlystop import should_stop
+from runners.earlystop import seen_by_samples, should_stop
 from runners.executor import Execution, _Output
 from runners.nvml import GpuProbe
 from runners.wire import EarlyStop, Sample
@@ -179,9 +179,9 @@ def _look(w: Watch, out: _Output, args: WatchArgs) -> bool:
     """One look of the early-stop rule (as runners/executor.py takes them); True: stop now,
     and the container is killed as for a timeout."""
     assert args.early_stop is not None
-    with out.lock:
-        steps = list(out.steps)
     samples = list(w.samples)
+    with out.lock:
+        steps = seen_by_samples(out.steps, samples[-1].step if samples else None)
     reason = should_stop(
         [s.t for s in samples], [s.rss for s in samples], steps, args.memory_limit_bytes,
         args.early_stop,

@@ -163,6 +163,22 @@ def should_stop(
     return _leak(tt, vv, steps, es)
 
 
+def seen_by_samples(
+    steps: Sequence[tuple[float, int]], sample_step: int | None
+) -> list[tuple[float, int]]:
+    """The markers up to the one the newest sample carries (`Sample.step`), for a live look.
+
+    A marker can land between the newest sample and a look; judged with it, a run could
+    stop at a step its stored samples never reach, and the series the classifier judges
+    would hold less than the look saw. Markers the samples do not show wait for the next
+    look.
+    """
+    for i in range(len(steps) - 1, -1, -1):
+        if steps[i][1] == sample_step:
+            return list(steps[: i + 1])
+    return []
+
+
 def first_stop(
     t: Sequence[float],
     rss: Sequence[float],

@@ -25,7 +25,8 @@ Outcomes:
   exit code is kept.)
 * Past ``timeout_s``: the whole tree is SIGKILLed, ``timed_out=True``.
 * Stopped early: with ``early_stop`` the rule of `runners.earlystop` is looked at every
-  ``look_every_s`` while the script runs; when it fires the tree is ended as for a
+  ``look_every_s`` while the script runs, over the samples and the step markers they
+  reach (`runners.earlystop.seen_by_samples`); when it fires the tree is ended as for a
   timeout and ``stopped_early`` says why (``timed_out`` stays False).
 * After the script exits, whatever it left running (double forks, ``setsid``
   daemons, processes in its cgroup) is killed: a trial leaves no processes behind.
@@ -53,7 +54,7 @@ from typing import IO, Literal
 
 import psutil
 
-from runners.earlystop import should_stop
+from runners.earlystop import seen_by_samples, should_stop
 from runners.limits import DEFAULT_PIDS_LIMIT, CapMethod, MemoryCap, default_limit_bytes
 from runners.markers import parse_marker
 from runners.nvml import GpuProbe
@@ -313,7 +314,7 @@ class _ScriptRun:
     def _look(self, early_stop: EarlyStop) -> str | None:
         """One look of the early-stop rule at the samples and markers so far."""
         samples = list(self.sampler.samples)  # a copy: the sampler thread appends
-        steps = list(self.out.steps)
+        steps = seen_by_samples(list(self.out.steps), samples[-1].step if samples else None)
         return should_stop(
             [x.t for x in samples], [x.rss for x in samples], steps, self.cap.limit_bytes,
             early_stop,

@@ -11,7 +11,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from runners.earlystop import first_stop, max_looks, should_stop
+from runners.earlystop import first_stop, max_looks, seen_by_samples, should_stop
 from runners.wire import EarlyStop, EnvResult, TrialReport
 from service import synthetic
 from service.models import Trial, TrialKind, TrialStatus
@@ -111,6 +111,20 @@ def test_looks_are_bonferroni_corrected() -> None:
     t, v = synthetic.trace("fast_leak", seconds=120, seed=0)
     stop = first_stop(t, v, [], None, EarlyStop(horizon_s=120.0, look_every_s=5.0))
     assert stop is not None and "at 99.62% confidence" in stop[1]  # 1 - 0.05 / 13
+
+
+def test_a_live_look_sees_only_the_markers_its_samples_reach() -> None:
+    marks = [(0.05, 1), (0.10, 2), (0.15, 3)]
+    # Marker 3 landed after the newest sample (which carries step 2): the look waits for it.
+    assert seen_by_samples(marks, 2) == [(0.05, 1), (0.10, 2)]
+    assert seen_by_samples(marks, 3) == marks
+    # No sample yet, or none after the first marker: no step is judged.
+    assert seen_by_samples(marks, None) == []
+    assert seen_by_samples(marks, 0) == []
+    # Numbered markers may repeat a number: up to its latest occurrence.
+    assert seen_by_samples([(1.0, 5), (2.0, 6), (3.0, 5), (4.0, 7)], 5) == [
+        (1.0, 5), (2.0, 6), (3.0, 5)
+    ]  # fmt: skip
 
 
 def _trial(**kw: object) -> Trial:
