@@ -166,6 +166,16 @@ class TrialSpec(BaseModel):
     commit_range: CommitRange | None = None
 
 
+class EarlyStopRecord(BaseModel):
+    """What the early-stop rule had to go on in one run trial (runners/earlystop.py): the
+    horizon it was sent and how many leak looks it actually tested. The service stores it
+    as the trial's analysis["early_stop"]; verdict reuse reads it (service/reuse.py)."""
+
+    horizon_s: float | None = Field(default=None, ge=0, allow_inf_nan=False)
+    horizon_steps: int | None = Field(default=None, ge=0)
+    looks: int = Field(default=0, ge=0, le=1_000_000)
+
+
 class TrialReport(BaseModel):
     trial_id: int
     attempt: int = 1
@@ -189,6 +199,8 @@ class TrialReport(BaseModel):
     pins: list[str] | None = Field(default=None, max_length=5000)
     # Why the runner ended the trial early (runners/earlystop.py); None: it ran to its end.
     stopped_early: str | None = Field(default=None, max_length=2000)
+    # The early-stop rule's horizon and looks in this run (None: it had no early-stop settings).
+    early_stop: EarlyStopRecord | None = None
     # Attribute trials: the tracer's per-stack profile (runners/attribution.py `Profile`).
     attribution: dict[str, Any] | None = None
     # Commits trials: the listed commits, oldest first (None when listing failed: `error`).
