@@ -4,7 +4,8 @@ A tiny driver plays the runners: every candidate the planner returns is
 "evaluated" with its scripted truth, all of a round at once, until the planner
 returns an outcome. The sequences asserted here were worked out by hand from the
 rules in service/planner.py's docstring (rank-median of the unknowns, lower index
-on ties, bounds first, confirm the boundary pair once).
+on ties, bounds first, confirm the boundary pair once, then one witness in the
+middle of the largest untested stretch between the first bad and the bad bound).
 """
 
 import random
@@ -13,7 +14,7 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from service.planner import Outcome, Plan, ReleaseState, plan
+from service.planner import Outcome, Plan, ReleaseState, Transition, plan
 from service.verdicts import Verdict
 
 CLEAN, LEAK, PLATEAU = Verdict.CLEAN, Verdict.LEAK, Verdict.PLATEAU
@@ -75,13 +76,20 @@ def simulate(
     untestable: Sequence[int] = (),
     find_fix: bool = False,
     confirm: bool = True,
+    all_transitions: bool = False,
 ) -> Search:
     """Run a whole search, completing every round's evaluations together."""
     skipped_forever = frozenset(untestable)
     done: list[list[Verdict]] = [[] for _ in truth]
     search = Search()
     for _ in range(500):
-        step = plan(states(done, skipped_forever), slots, find_fix=find_fix, confirm=confirm)
+        step = plan(
+            states(done, skipped_forever),
+            slots,
+            find_fix=find_fix,
+            confirm=confirm,
+            all_transitions=all_transitions,
+        )
         if step.outcome is not None:
             assert step.run == ()
             search.outcome = step.outcome
@@ -96,20 +104,31 @@ def simulate(
     raise AssertionError("search did not end")
 
 
+def up(below: int, above: int, confirmed: bool = True) -> Transition:
+    """A transition where memory starts leaking at `above`."""
+    return Transition(below, above, True, confirmed)
+
+
+def down(below: int, above: int, confirmed: bool = True) -> Transition:
+    """A transition where memory stops leaking at `above`."""
+    return Transition(below, above, False, confirmed)
+
+
 # --- k = 1: exact paths -------------------------------------------------------------------
 
 
 def test_first_bad_in_the_middle():
     # Bounds 0 then 9; unknowns 1..8 -> 4th = 4 (clean); 5..8 -> 2nd = 6 (leak);
-    # 5 alone (clean); then confirm 5 and 6.
+    # 5 alone (clean); then confirm 5 and 6; the witness: 7, 8 untested -> 7 (leak).
     search = simulate(regression(10, 6), 1)
-    assert search.visited == [0, 9, 4, 6, 5, 5, 6]
+    assert search.visited == [0, 9, 4, 6, 5, 5, 6, 7]
     assert search.outcome == Outcome(
         "found",
         5,
         6,
         (),
         "first bad is 1.0.6 and last good is 1.0.5, each confirmed by a second evaluation",
+        (up(5, 6),),
     )
 
 
@@ -126,8 +145,9 @@ def test_first_bad_is_the_last_candidate():
 
 def test_first_bad_right_after_the_good_bound():
     # 1..8 -> 4 (leak); 1..3 -> 2 (leak); 1 (leak); confirm the good bound 0 and 1.
+    # Witness: 2 and 4 were evaluated, so the untested stretches are 3 and 5..8 -> 6.
     search = simulate(regression(10, 1), 1)
-    assert search.visited == [0, 9, 4, 2, 1, 0, 1]
+    assert search.visited == [0, 9, 4, 2, 1, 0, 1, 6]
     assert (search.outcome.status, search.outcome.last_old, search.outcome.first_new) == (
         "found",
         0,
@@ -143,9 +163,14 @@ def test_two_candidates_only_need_bounds_and_confirmation():
 
 def test_without_confirmation():
     search = simulate(regression(10, 6), 1, confirm=False)
-    assert search.visited == [0, 9, 4, 6, 5]
+    assert search.visited == [0, 9, 4, 6, 5, 7]  # the witness still runs
     assert search.outcome == Outcome(
-        "found", 5, 6, (), "first bad is 1.0.6 and last good is 1.0.5, not re-run to confirm"
+        "found",
+        5,
+        6,
+        (),
+        "first bad is 1.0.6 and last good is 1.0.5, not re-run to confirm",
+        (up(5, 6, confirmed=False),),
     )
 
 
@@ -153,7 +178,7 @@ def test_plateau_counts_as_good_and_agrees_with_clean():
     truth = regression(10, 6)
     truth[5] = [PLATEAU, CLEAN]
     search = simulate(truth, 1)
-    assert search.visited == [0, 9, 4, 6, 5, 5, 6]
+    assert search.visited == [0, 9, 4, 6, 5, 5, 6, 7]
     assert search.outcome.status == "found"
 
 
@@ -162,6 +187,7 @@ def test_plateau_counts_as_good_and_agrees_with_clean():
 
 def test_skipped_midpoint_is_stepped_around():
     # 4 skips; unknowns 1,2,3,5,6,7,8 -> 4th = 5 (clean); 6,7,8 -> 7 (leak); 6 (leak).
+    # No extra witness: 7 sits where it would go (the middle of 7, 8 without it).
     search = simulate(regression(10, 6, at4=SKIP), 1)
     assert search.visited == [0, 9, 4, 5, 7, 6, 5, 6]
     assert (search.outcome.status, search.outcome.last_old, search.outcome.first_new) == (
@@ -173,9 +199,10 @@ def test_skipped_midpoint_is_stepped_around():
 
 
 def test_only_a_skip_separates_good_and_bad():
-    # 4 (clean), 6 (leak), 5 (skip): only 5 is left between 4 and 6; confirm 4, 6.
+    # 4 (clean), 6 (leak), 5 (skip): only 5 is left between 4 and 6; confirm 4, 6;
+    # witness 7.
     search = simulate(regression(10, 6, at5=SKIP), 1)
-    assert search.visited == [0, 9, 4, 6, 5, 4, 6]
+    assert search.visited == [0, 9, 4, 6, 5, 4, 6, 7]
     assert search.outcome == Outcome(
         "inconclusive",
         4,
@@ -183,6 +210,7 @@ def test_only_a_skip_separates_good_and_bad():
         (5,),
         "first bad is one of 1.0.5, 1.0.6: 1.0.5 (skip) could not be judged, "
         "and last good is 1.0.4",
+        (up(4, 6),),
     )
 
 
@@ -211,9 +239,9 @@ def test_inconclusive_interior_candidate_is_stepped_around():
 
 
 def test_untestable_candidates_are_never_visited():
-    # Unknowns 1,2,6,7,8 -> 3rd = 6 (clean); 7, 8 -> 7 (leak).
+    # Unknowns 1,2,6,7,8 -> 3rd = 6 (clean); 7, 8 -> 7 (leak); witness 8.
     search = simulate(regression(10, 7), 1, untestable=(3, 4, 5))
-    assert search.visited == [0, 9, 6, 7, 6, 7]
+    assert search.visited == [0, 9, 6, 7, 6, 7, 8]
     assert (search.outcome.status, search.outcome.last_old, search.outcome.first_new) == (
         "found",
         6,
@@ -222,9 +250,9 @@ def test_untestable_candidates_are_never_visited():
 
 
 def test_untestable_candidate_at_the_boundary():
-    # Unknowns 1..5,7,8 -> 4th = 4 (clean); 5,7,8 -> 7 (leak); 5 (clean).
+    # Unknowns 1..5,7,8 -> 4th = 4 (clean); 5,7,8 -> 7 (leak); 5 (clean); witness 8.
     search = simulate(regression(10, 7), 1, untestable=(6,))
-    assert search.visited == [0, 9, 4, 7, 5, 5, 7]
+    assert search.visited == [0, 9, 4, 7, 5, 5, 7, 8]
     assert search.outcome == Outcome(
         "inconclusive",
         5,
@@ -232,6 +260,7 @@ def test_untestable_candidate_at_the_boundary():
         (6,),
         "first bad is one of 1.0.6, 1.0.7: 1.0.6 (untestable) could not be judged, "
         "and last good is 1.0.5",
+        (up(5, 7),),
     )
 
 
@@ -349,14 +378,16 @@ def test_too_few_candidates():
 
 def test_two_slots():
     # Bounds together; 1..8 with 2 points: ranks 3 and 6 -> 3 (clean), 6 (leak);
-    # 4 and 5 both; confirm 5 and 6 together.
+    # 4 and 5 both; confirm 5 and 6 together; the confirmations fill both slots, so
+    # the witness (7, 8 untested -> 7) runs after them.
     search = simulate(regression(10, 6), 2)
-    assert search.rounds == [(0, 9), (3, 6), (4, 5), (5, 6)]
+    assert search.rounds == [(0, 9), (3, 6), (4, 5), (5, 6), (7,)]
     assert search.outcome.first_new == 6
 
 
 def test_three_slots_speculate_while_checking_bounds():
-    # Bounds plus the median 4; then 5..8 with 3 points: 5, 6, 7; confirm 5, 6.
+    # Bounds plus the median 4; then 5..8 with 3 points: 5, 6, 7; confirm 5, 6. 7 is
+    # the witness already (the middle of 7, 8 without it): nothing more.
     search = simulate(regression(10, 6), 3)
     assert search.rounds == [(0, 9, 4), (5, 6, 7), (5, 6)]
     assert (search.outcome.last_old, search.outcome.first_new) == (5, 6)
@@ -364,9 +395,10 @@ def test_three_slots_speculate_while_checking_bounds():
 
 def test_sixty_four_candidates_four_slots():
     # Round 1: bounds + 21, 42 (62 unknowns in thirds); round 2: 22..41 in fifths ->
-    # 25, 29, 33, 37; round 3: 34, 35, 36 all; round 4: confirm 36 and 37.
+    # 25, 29, 33, 37; round 3: 34, 35, 36 all; round 4: confirm 36 and 37, and beside
+    # them the witness: 38..41 and 43..62 untested -> the middle of the 20 = 52.
     search = simulate(regression(64, 37), 4)
-    assert search.rounds == [(0, 63, 21, 42), (25, 29, 33, 37), (34, 35, 36), (36, 37)]
+    assert search.rounds == [(0, 63, 21, 42), (25, 29, 33, 37), (34, 35, 36), (36, 37, 52)]
     assert (search.outcome.status, search.outcome.last_old, search.outcome.first_new) == (
         "found",
         36,
@@ -375,7 +407,8 @@ def test_sixty_four_candidates_four_slots():
     for first_bad in range(1, 64):
         search = simulate(regression(64, first_bad), 4)
         assert search.outcome.first_new == first_bad
-        # bounds (+2 speculative points), two rounds to bisect, one to confirm
+        # bounds (+2 speculative points), two rounds to bisect, one to confirm (with
+        # the witness beside the confirmations: 4 slots hold all three)
         assert len(search.rounds) <= 4
 
 
@@ -384,13 +417,14 @@ def test_sixty_four_candidates_four_slots():
 
 def test_find_fix_mirrors_regression():
     search = simulate(fixed(10, 6), 1, find_fix=True)
-    assert search.visited == [0, 9, 4, 6, 5, 5, 6]
+    assert search.visited == [0, 9, 4, 6, 5, 5, 6, 7]
     assert search.outcome == Outcome(
         "found",
         5,
         6,
         (),
         "first fixed is 1.0.6 and last leaking is 1.0.5, each confirmed by a second evaluation",
+        (down(5, 6),),
     )
 
 
@@ -414,7 +448,7 @@ def test_find_fix_with_skip():
     truth = fixed(10, 6)
     truth[5] = SKIP
     search = simulate(truth, 1, find_fix=True)
-    assert search.visited == [0, 9, 4, 6, 5, 4, 6]
+    assert search.visited == [0, 9, 4, 6, 5, 4, 6, 7]
     assert search.outcome.message == (
         "first fixed is one of 1.0.5, 1.0.6: 1.0.5 (skip) could not be judged, "
         "and last leaking is 1.0.4"
@@ -426,9 +460,10 @@ def test_find_fix_with_skip():
 
 def test_flaky_first_bad_continues_the_search():
     # 6 leaks, then is clean when confirmed: it becomes flaky. The interval is now
-    # (5, 9) with 7, 8 unknown -> 7 (leak); only flaky 6 separates 5 and 7; confirm 7.
+    # (5, 9) with 7, 8 unknown -> 7 (leak); only flaky 6 separates 5 and 7; confirm 7;
+    # witness 8 (the witness waited behind the confirmations in the one slot).
     search = simulate(regression(10, 6, at6=[LEAK, CLEAN]), 1)
-    assert search.visited == [0, 9, 4, 6, 5, 5, 6, 7, 7]
+    assert search.visited == [0, 9, 4, 6, 5, 5, 6, 7, 7, 8]
     assert search.outcome == Outcome(
         "inconclusive",
         5,
@@ -436,13 +471,15 @@ def test_flaky_first_bad_continues_the_search():
         (6,),
         "first bad is one of 1.0.6, 1.0.7: 1.0.6 (flaky) could not be judged, "
         "and last good is 1.0.5",
+        (up(5, 7),),
     )
 
 
 def test_flaky_last_good_moves_the_pair_down():
-    # 5's confirmation leaks: last good falls back to 4, which needs its own re-run.
+    # 5's confirmation leaks: last good falls back to 4, which needs its own re-run;
+    # then 6's; witness 7.
     search = simulate(regression(10, 6, at5=[CLEAN, LEAK]), 1)
-    assert search.visited == [0, 9, 4, 6, 5, 5, 4, 6]
+    assert search.visited == [0, 9, 4, 6, 5, 5, 4, 6, 7]
     outcome = search.outcome
     assert (outcome.status, outcome.last_old, outcome.first_new, outcome.skipped) == (
         "inconclusive",
@@ -467,7 +504,7 @@ def test_flaky_first_bad_then_clean_search_finds_the_real_boundary():
 
 def test_confirmation_that_errors_makes_the_candidate_unjudgeable():
     search = simulate(regression(10, 6, at6=[LEAK, ERROR]), 1)
-    assert search.visited == [0, 9, 4, 6, 5, 5, 6, 7, 7]
+    assert search.visited == [0, 9, 4, 6, 5, 5, 6, 7, 7, 8]
     assert search.outcome.skipped == (6,)
     assert "1.0.6 (flaky)" in search.outcome.message
 
@@ -514,11 +551,14 @@ def test_running_confirmation_is_not_repeated():
     verdicts = {0: [CLEAN], 4: [CLEAN], 5: [CLEAN], 6: [LEAK], 9: [LEAK]}
     assert plan(snapshot(10, verdicts), 2) == Plan((5, 6), None)
     assert plan(snapshot(10, verdicts, running=[5]), 2) == Plan((6,), None)
-    assert plan(snapshot(10, verdicts, running=[5, 6]), 4) == Plan((), None)
+    # Free slots beside running confirmations take the witness (7, 8 untested -> 7).
+    assert plan(snapshot(10, verdicts, running=[5, 6]), 4) == Plan((7,), None)
+    assert plan(snapshot(10, verdicts, running=[5, 6, 7]), 4) == Plan((), None)
 
 
 def test_outcome_does_not_wait_for_candidates_outside_the_interval():
-    verdicts = {0: [CLEAN], 4: [CLEAN], 5: [CLEAN, CLEAN], 6: [LEAK, LEAK], 9: [LEAK]}
+    # 7 (leak) is the witness already: the middle of 7, 8 without it.
+    verdicts = {0: [CLEAN], 4: [CLEAN], 5: [CLEAN, CLEAN], 6: [LEAK, LEAK], 7: [LEAK], 9: [LEAK]}
     step = plan(snapshot(10, verdicts, running=[2]), 2)
     assert step.outcome is not None and step.outcome.status == "found"
 
@@ -529,6 +569,263 @@ def test_inconsistent_data_takes_the_first_leak():
     assert plan(snapshot(10, verdicts), 1) == Plan((1,), None)
     verdicts.update({1: [CLEAN], 2: [CLEAN]})
     assert plan(snapshot(10, verdicts), 2) == Plan((2, 3), None)
+
+
+# --- the witness and non-monotone ranges ---------------------------------------------------
+
+NOT_MONOTONE = (
+    "not monotone: 1.0.3 and 1.0.4 leak, 1.0.6 does not, 1.0.9 leaks again; "
+    "map every transition with --all-transitions"
+)
+
+
+def twice_leaking(n: int = 10) -> list[Truth]:
+    """Leaks in 1.0.3-1.0.4 and again from 1.0.7 (the end-to-end fixture's shape)."""
+    return [LEAK if 3 <= i <= 4 or i >= 7 else CLEAN for i in range(n)]
+
+
+def test_the_witness_says_a_range_is_not_monotone():
+    # 1..8 -> 4 (leak); 1..3 -> 2 (clean); 3 (leak); confirm 2 and 3. Witness: 4 was
+    # evaluated, so the untested stretch above the first bad is 5..8 -> 6: clean.
+    search = simulate(twice_leaking(), 1)
+    assert search.visited == [0, 9, 4, 2, 3, 2, 3, 6]
+    assert search.outcome == Outcome(
+        "found",
+        2,
+        3,
+        (),
+        "first bad is 1.0.3 and last good is 1.0.2, each confirmed by a second evaluation",
+        (up(2, 3), down(4, 6, confirmed=False), up(6, 9, confirmed=False)),
+        (6,),
+        NOT_MONOTONE,
+    )
+
+
+def test_k_section_can_see_the_contradiction_itself():
+    # 2 slots: 3 (leak) and 6 (clean) in one round; 1, 2 (clean); confirm 2, 3. 6 is
+    # where the witness would go (the middle of 4..8 without it): no extra run.
+    search = simulate(twice_leaking(), 2)
+    assert search.rounds == [(0, 9), (3, 6), (1, 2), (2, 3)]
+    outcome = search.outcome
+    assert (outcome.status, outcome.last_old, outcome.first_new) == ("found", 2, 3)
+    assert outcome.transitions == (up(2, 3), down(3, 6, False), up(6, 9, False))
+    assert outcome.disagree == (6,)
+    assert outcome.not_monotone == (
+        "not monotone: 1.0.3 leaks, 1.0.6 does not, 1.0.9 leaks again; "
+        "map every transition with --all-transitions"
+    )
+
+
+def test_witness_runs_beside_the_confirmations_when_slots_are_free():
+    verdicts = {0: [CLEAN], 2: [CLEAN], 3: [LEAK], 4: [LEAK], 9: [LEAK]}
+    # 4 evaluated cuts 4..8: the stretch 5..8 -> its lower middle 6.
+    assert plan(snapshot(10, verdicts), 3) == Plan((2, 3, 6), None)
+    assert plan(snapshot(10, verdicts), 1) == Plan((2,), None)
+    confirmed = {**verdicts, 2: [CLEAN, CLEAN], 3: [LEAK, LEAK]}
+    assert plan(snapshot(10, confirmed), 1) == Plan((6,), None)
+    # The witness running: wait for it (it is what the outcome would report).
+    assert plan(snapshot(10, confirmed, running=[6]), 2) == Plan((), None)
+    # Another candidate running elsewhere on that side is a cut, not the witness.
+    assert plan(snapshot(10, confirmed, running=[8]), 2) == Plan((6,), None)
+
+
+def test_no_witness_when_nothing_above_the_first_bad_is_untested():
+    verdicts = {0: [CLEAN], 6: [CLEAN, CLEAN], 7: [LEAK, LEAK], 8: [LEAK], 9: [LEAK]}
+    step = plan(snapshot(10, verdicts), 1)
+    assert step.run == () and step.outcome is not None
+    assert (step.outcome.status, step.outcome.not_monotone) == ("found", None)
+
+
+def test_an_unjudgeable_witness_is_not_replaced():
+    # One witness at most: a skipped one says nothing, and no second one runs.
+    search = simulate(regression(10, 6, at7=SKIP), 1)
+    assert search.visited == [0, 9, 4, 6, 5, 5, 6, 7]
+    assert search.outcome.status == "found"
+    assert search.outcome.transitions == (up(5, 6),)
+    assert (search.outcome.disagree, search.outcome.not_monotone) == ((), None)
+
+
+def test_the_witness_in_find_fix():
+    # Find-fix (NEW = bounded): leaking 0..2, fixed from 3. First with 6 fixed too (the
+    # witness agrees), then with 6 leaking (it contradicts): the same path either way,
+    # and the sentence says it in find-fix's words.
+    truth = [CLEAN if 3 <= i <= 6 else LEAK for i in range(10)]
+    truth[9] = CLEAN
+    search = simulate(truth, 1, find_fix=True)
+    # 4 (clean = new); 1..3 -> 2 (leak); 3 (clean); confirm 2, 3; witness 5..8 -> 6.
+    assert search.visited == [0, 9, 4, 2, 3, 2, 3, 6]
+    assert (search.outcome.last_old, search.outcome.first_new) == (2, 3)
+    assert search.outcome.not_monotone is None  # 6 is fixed too: nothing contradicts
+    truth[6] = LEAK
+    search = simulate(truth, 1, find_fix=True)
+    assert search.visited == [0, 9, 4, 2, 3, 2, 3, 6]
+    assert search.outcome.transitions == (down(2, 3), up(4, 6, False), down(6, 9, False))
+    assert search.outcome.disagree == (6,)
+    assert search.outcome.not_monotone == (
+        "not monotone: 1.0.3 and 1.0.4 do not leak, 1.0.6 leaks again, 1.0.9 does not; "
+        "map every transition with --all-transitions"
+    )
+
+
+def test_inconsistent_data_is_said_out_loud():
+    verdicts = {0: [CLEAN], 1: [CLEAN, CLEAN], 2: [CLEAN, CLEAN], 3: [LEAK, LEAK]}
+    verdicts |= {4: [LEAK], 5: [LEAK], 6: [CLEAN], 7: [LEAK], 9: [LEAK]}
+    step = plan(snapshot(10, verdicts), 1)
+    assert step.outcome is not None
+    assert (step.outcome.status, step.outcome.last_old, step.outcome.first_new) == (
+        "found",
+        2,
+        3,
+    )
+    assert step.outcome.disagree == (6,)
+    assert step.outcome.not_monotone == (
+        "not monotone: 1.0.3 to 1.0.5 leak, 1.0.6 does not, 1.0.7 and 1.0.9 leak again; "
+        "map every transition with --all-transitions"
+    )
+
+
+# --- all transitions --------------------------------------------------------------------------
+
+
+def test_all_transitions_maps_every_one_with_one_slot():
+    # Every testable candidate once, into the largest untested gap each time: bounds;
+    # 1..8 -> 4 (leak); gaps 1..3, 5..8 -> 6 (clean); 1..3 -> 2 (clean); 7, 8 -> 7
+    # (leak); then the single ones left to right: 1, 3, 5, 8. Then both sides of the
+    # three transitions (2|3, 4|5, 6|7) once more, in index order.
+    search = simulate(twice_leaking(), 1, all_transitions=True)
+    assert search.visited == [0, 9, 4, 6, 2, 7, 1, 3, 5, 8, 2, 3, 4, 5, 6, 7]
+    assert len(search.visited) == 10 + 2 * 3  # n + 2t
+    assert search.outcome == Outcome(
+        "found",
+        2,
+        3,
+        (),
+        "first bad is 1.0.3 and last good is 1.0.2, each confirmed by a second evaluation",
+        (up(2, 3), down(4, 5), up(6, 7)),
+        (5, 6),
+        "not monotone: 1.0.3 and 1.0.4 leak, 1.0.5 and 1.0.6 do not, 1.0.7 to 1.0.9 leak again",
+    )
+
+
+def test_all_transitions_with_four_slots():
+    # Bounds + 3, 6 (ranks 3 and 6 of 1..8); gaps 1-2, 4-5, 7-8 take 4 points: 1, 2, 4, 7;
+    # then 5, 8; then the six confirmations, four at a time.
+    search = simulate(twice_leaking(), 4, all_transitions=True)
+    assert search.rounds == [(0, 9, 3, 6), (1, 2, 4, 7), (5, 8), (2, 3, 4, 5), (6, 7)]
+    assert search.outcome.transitions == (up(2, 3), down(4, 5), up(6, 7))
+
+
+def test_all_transitions_of_a_monotone_range():
+    search = simulate(regression(10, 6), 2, all_transitions=True)
+    assert sorted(search.visited) == sorted([*range(10), 5, 6])
+    assert search.outcome == Outcome(
+        "found",
+        5,
+        6,
+        (),
+        "first bad is 1.0.6 and last good is 1.0.5, each confirmed by a second evaluation",
+        (up(5, 6),),
+    )
+
+
+def test_all_transitions_flaky_confirmation_is_stepped_around():
+    # 4 leaks, then is clean when confirmed: flaky. The transition 4|5 becomes 3|5 with 4
+    # between, and 5's confirmation still comes; 3 was confirmed already.
+    truth = twice_leaking()
+    truth[4] = [LEAK, CLEAN]
+    search = simulate(truth, 1, all_transitions=True)
+    assert search.visited == [0, 9, 4, 6, 2, 7, 1, 3, 5, 8, 2, 3, 4, 5, 6, 7]
+    assert search.outcome.transitions == (up(2, 3), down(3, 5), up(6, 7))
+    assert search.outcome.not_monotone == (
+        "not monotone: 1.0.3 leaks, 1.0.5 and 1.0.6 do not, 1.0.7 to 1.0.9 leak again"
+    )
+    # The first transition's first bad flaky: its pair spans it, the answer is a range.
+    truth = twice_leaking()
+    truth[3] = [LEAK, CLEAN]
+    search = simulate(truth, 1, all_transitions=True)
+    # ... 2, 3 (flaky: the pair is now 2|4), 4, 5, 6, 7.
+    assert search.visited == [0, 9, 4, 6, 2, 7, 1, 3, 5, 8, 2, 3, 4, 5, 6, 7]
+    outcome = search.outcome
+    assert (outcome.status, outcome.last_old, outcome.first_new, outcome.skipped) == (
+        "inconclusive",
+        2,
+        4,
+        (3,),
+    )
+    assert outcome.transitions == (up(2, 4), down(4, 5), up(6, 7))
+
+
+def test_all_transitions_steps_around_unjudgeable_candidates():
+    # 5 skips, 8 is untestable: 8 is never picked, 5 once, and the 4|6 transition spans 5.
+    truth = twice_leaking()
+    truth[5] = SKIP
+    search = simulate(truth, 1, untestable=(8,), all_transitions=True)
+    assert 8 not in search.visited and search.visited.count(5) == 1
+    # 1..7 (8 untestable) -> 4; gaps 1..3, 5..7 -> 2; 5..7 -> 6; then 1, 3, 5, 7.
+    assert search.visited == [0, 9, 4, 2, 6, 1, 3, 5, 7, 2, 3, 4, 6, 7]
+    assert search.outcome.transitions == (up(2, 3), down(4, 6), up(6, 7))
+    assert search.outcome.not_monotone == (
+        "not monotone: 1.0.3 and 1.0.4 leak, 1.0.6 does not, 1.0.7 and 1.0.9 leak again"
+    )
+
+
+def test_all_transitions_find_fix():
+    truth = [CLEAN if 3 <= i <= 4 or i >= 7 else LEAK for i in range(10)]
+    search = simulate(truth, 1, find_fix=True, all_transitions=True)
+    assert search.visited == [0, 9, 4, 6, 2, 7, 1, 3, 5, 8, 2, 3, 4, 5, 6, 7]
+    assert search.outcome.transitions == (down(2, 3), up(4, 5), down(6, 7))
+    assert search.outcome.message == (
+        "first fixed is 1.0.3 and last leaking is 1.0.2, each confirmed by a second evaluation"
+    )
+    assert search.outcome.not_monotone == (
+        "not monotone: 1.0.3 and 1.0.4 do not leak, 1.0.5 and 1.0.6 leak again, "
+        "1.0.7 to 1.0.9 do not"
+    )
+
+
+def test_all_transitions_still_checks_the_bounds():
+    search = simulate(twice_leaking()[:9] + [CLEAN], 2, all_transitions=True)
+    assert search.outcome.status == "bounds_failed"
+    assert search.outcome.message == "bad bound 1.0.9 does not leak (clean): nothing to bisect"
+
+
+@pytest.mark.parametrize("seed", range(30))
+def test_all_transitions_finds_every_transition(seed):
+    """Random on/off ranges: every transition found and confirmed at n + (members) cost."""
+    rng = random.Random(seed)
+    n = rng.randint(2, 30)
+    truth: list[Truth] = [CLEAN] + [rng.choice([CLEAN, LEAK]) for _ in range(n - 2)] + [LEAK]
+    slots = rng.choice([1, 2, 3])
+    search = simulate(truth, slots, all_transitions=True)
+    expected = [
+        Transition(i, i + 1, truth[i + 1] == LEAK, True)
+        for i in range(n - 1)
+        if truth[i] != truth[i + 1]
+    ]
+    assert search.outcome.transitions == tuple(expected)
+    members = {i for t in expected for i in (t.below, t.above)}
+    assert len(search.visited) == n + len(members) <= n + 2 * len(expected)
+    assert search.outcome.first_new == expected[0].above
+    assert (search.outcome.not_monotone is None) == (len(expected) == 1)
+
+
+# --- why a bound cannot be tested ---------------------------------------------------------
+
+
+def test_a_skipped_bound_says_why_when_told():
+    why = "the repro cannot run on it (AttributeError: module 'x' has no attribute 'args')"
+    releases = [ReleaseState("0.11.8", verdicts=(SKIP,), why=why), ReleaseState("0.11.9")]
+    assert plan(releases, 1) == Plan(
+        (),
+        Outcome(
+            "error",
+            None,
+            None,
+            (),
+            "good bound 0.11.8 cannot be tested: the repro cannot run on it "
+            "(AttributeError: module 'x' has no attribute 'args')",
+        ),
+    )
 
 
 # --- properties -----------------------------------------------------------------------------
@@ -559,10 +856,21 @@ def test_every_boundary_is_found(slots):
             # nothing evaluated more than twice; only the pair twice
             twice = {i for i in search.visited if search.visited.count(i) == 2}
             assert twice == {first_bad - 1, first_bad}
-            counts.append(len(search.visited) if slots == 1 else len(search.rounds))
+            # The witness, if one ran, is the last evaluation (one slot) or shares the
+            # last round: above the first bad, below the bad bound, evaluated once.
+            last_round = search.rounds[-1]
+            witness = [i for i in last_round if first_bad < i < n - 1]
+            assert len(witness) <= 1 and all(search.visited.count(i) == 1 for i in witness)
+            if slots == 1:
+                counts.append(len(search.visited) - len(witness))
+            else:
+                # with 2 slots the confirmations fill the round: the witness gets its own
+                alone = last_round == tuple(witness) and witness != []
+                counts.append(len(search.rounds) - alone)
+                assert not alone or slots == 2
         if slots == 1:
-            # 2 bounds + binary search over n - 2 unknowns + 2 confirmations, and the
-            # worst case reaches it exactly.
+            # 2 bounds + binary search over n - 2 unknowns + 2 confirmations (+ the
+            # witness, set aside above), and the worst case reaches it exactly.
             assert max(counts) == ceil_log(2, n - 1) + 4, n
         else:
             # a bounds round, (slots + 1)-section rounds, a confirmation round
@@ -604,3 +912,35 @@ def test_asynchronous_completion(seed):
     assert all(truth[i] == SKIP for i in between)
     assert outcome.status == ("found" if not between else "inconclusive")
     assert len(done[outcome.last_old]) >= 2 and len(done[outcome.first_new]) >= 2
+
+
+@pytest.mark.parametrize("seed", range(30))
+def test_asynchronous_completion_of_all_transitions(seed):
+    """Evaluations finish one at a time in random order; every transition is still mapped,
+    each candidate evaluated once, the transitions' sides twice."""
+    rng = random.Random(1000 + seed)
+    n = rng.randint(2, 30)
+    truth: list[Truth] = [CLEAN] + [rng.choice([CLEAN, LEAK]) for _ in range(n - 2)] + [LEAK]
+    slots = rng.choice([1, 2, 3, 5])
+    done: list[list[Verdict]] = [[] for _ in range(n)]
+    running: set[int] = set()
+    for _ in range(1000):
+        step = plan(states(done, frozenset(), frozenset(running)), slots, all_transitions=True)
+        assert not running & set(step.run)
+        if step.outcome is not None:
+            break
+        running |= set(step.run)
+        assert running, "planner waits although nothing is running"
+        finished = rng.choice(sorted(running))
+        running.discard(finished)
+        done[finished].append(evaluate(truth[finished], len(done[finished])))
+    else:
+        raise AssertionError("search did not end")
+    expected = tuple(
+        Transition(i, i + 1, truth[i + 1] == LEAK, True)
+        for i in range(n - 1)
+        if truth[i] != truth[i + 1]
+    )
+    assert step.outcome.transitions == expected
+    members = {i for t in expected for i in (t.below, t.above)}
+    assert [len(d) for d in done] == [2 if i in members else 1 for i in range(n)]
