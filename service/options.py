@@ -184,6 +184,15 @@ class JobOptions(SQLModel):
     find_fix: bool = option(
         False, flag="--find-fix", help="Find the first release that no longer leaks."
     )
+    all_transitions: bool = option(
+        False,
+        flag="--all-transitions",
+        help="Map every leak/no-leak transition in the range, not just the first: every "
+        "testable release runs once, then both sides of each transition once more (n runs "
+        "plus at most 2 per transition). Without it one extra run above the first bad "
+        "release checks the range for a second transition, and the report says when the "
+        "releases disagree with a single boundary.",
+    )
     repeats: int = option(1, flag="--repeats", help="Runs per candidate.", metavar="N", ge=1, le=20)
     max_runs: int = option(
         3,
