@@ -1,21 +1,30 @@
-"""What a crashed run says: the line to show, and the fix to suggest. Pure: no I/O.
+"""What a crashed run says: the line to show, whether the repro could run at all, and the
+fix to suggest. Pure: no I/O.
 
 `error_line` picks, from a run's log tail, the line a user would look for: the last
 exception line (`AttributeError: module ... has no attribute ...`), else the last line
-that is not blank. `hint` suggests the fix that fits that line, by these rules in order:
+that is not blank. `cannot_run` says whether that line means the repro cannot run on the
+release: an `ImportError` (`ModuleNotFoundError` too) or an `AttributeError`, which is
+what a release older (or newer) than the API the repro or a co-dependency uses raises;
+service/trials.py makes such a run a skip when it came before the first step marker.
+`hint` suggests the fix that fits the line, by these rules in order:
 
 1. `No module named X` for a top-level X: the repro needs X and nothing installs it:
    `--with X` (the import name may differ from the package); X the bisected package
    itself: the release installs no such module (another import name?).
-2. `ImportError` (a missing submodule too) or `AttributeError` raised from inside an
+2. `ImportError` or `AttributeError` naming the bisected package as what lacks the name
+   (`module 'X' has no attribute 'Y'`, `cannot import name 'Y' from 'X'`) and raised
+   outside any other installed package: the release is older (or newer) than the API
+   the repro uses; start the range at a release that has it.
+3. `ImportError` (a missing submodule too) or `AttributeError` raised from inside an
    installed package other than the bisected one (the traceback's last site-packages
    frame names it): that co-dependency is too new or too old for this release. Pin it
    (`--with 'NAME==VERSION'`, this run had VERSION); with shared pins in force (the
    default, `--resolve-at`) `--as-released` resolves each candidate as on its own day.
-3. `ImportError` / `AttributeError` anywhere else: the same advice, without a name.
-4. `SyntaxError`: the script does not parse under the environment's Python (`--python`).
-5. `MemoryError`: the script ran out of memory below the cap (`--memory-limit`).
-6. Otherwise no hint: the line speaks for itself.
+4. `ImportError` / `AttributeError` anywhere else: the same advice, without a name.
+5. `SyntaxError`: the script does not parse under the environment's Python (`--python`).
+6. `MemoryError`: the script ran out of memory below the cap (`--memory-limit`).
+7. Otherwise no hint: the line speaks for itself.
 """
 
 import re
@@ -25,7 +34,12 @@ from packaging.utils import canonicalize_name
 EXCEPTION_LINE = re.compile(
     r"^(?P<name>[A-Za-z_][\w.]*(?:Error|Exception|Exit|Interrupt|Fault|Warning))(?::.*)?$"
 )
+# Exceptions a release raises when it lacks what the repro uses (a module, a name).
+CANNOT_RUN = ("ImportError", "ModuleNotFoundError", "AttributeError")
 NO_MODULE = re.compile(r"No module named '?(?P<module>[\w.]+)'?")
+# `module 'X' has no attribute 'Y'`, `cannot import name 'Y' from 'X' (...)`
+NO_ATTRIBUTE = re.compile(r"module '(?P<module>[\w.]+)' has no attribute '(?P<name>\w+)'")
+NO_NAME = re.compile(r"cannot import name '(?P<name>\w+)' from '(?P<module>[\w.]+)'")
 # `File "/.../site-packages/jax/_src/foo.py", line 3, in <module>`
 SITE_FRAME = re.compile(r'File "[^"]*/(?:site|dist)-packages/(?P<top>[A-Za-z0-9_]+)[/.]')
 
@@ -39,6 +53,16 @@ def error_line(log_tail: str | None) -> str | None:
         if EXCEPTION_LINE.match(line):
             return line
     return lines[-1] if lines else None
+
+
+def cannot_run(log_tail: str | None) -> str | None:
+    """The error line when it is an ImportError, ModuleNotFoundError or AttributeError."""
+    line = error_line(log_tail)
+    exception = EXCEPTION_LINE.match(line or "")
+    if exception is None:
+        return None
+    name = exception.group("name").rsplit(".", 1)[-1]
+    return line if name in CANNOT_RUN else None
 
 
 def culprit_package(log_tail: str, bisected: str) -> str | None:
@@ -75,6 +99,12 @@ def hint(
         )
     if name.endswith(("ImportError", "AttributeError", "ModuleNotFoundError")):
         other = culprit_package(log_tail, bisected)
+        lacking = NO_ATTRIBUTE.search(line) or NO_NAME.search(line)
+        if other is None and lacking and _names_package(lacking.group("module"), bisected):
+            return (
+                f"this release of {bisected} has no {lacking.group('name')}, which the repro "
+                "uses: start the range at a release that has it"
+            )
         also = " or try --as-released (each candidate resolved as on its own day)"
         also = also if shared_pins else ""
         if other is None:
@@ -93,6 +123,12 @@ def hint(
     if name.endswith("MemoryError"):
         return "the script ran out of memory below the cap: raise --memory-limit"
     return None
+
+
+def _names_package(module: str, package: str) -> bool:
+    """Whether an import path is the package's (`orbax.checkpoint` is orbax-checkpoint's)."""
+    wanted = canonicalize_name(package)
+    return _top(module) == wanted or canonicalize_name(module) == wanted
 
 
 def _top(module: str) -> str:

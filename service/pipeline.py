@@ -29,7 +29,7 @@ from service import ddmin, reuse, stages
 from service.index import LOCAL, PYPI_SIMPLE, FetchPolicy, IndexUnavailable, project_urls
 from service.jobs import add_candidates, releases_between
 from service.models import Candidate, Job, JobStatus, Trial, TrialKind, TrialStatus
-from service.planner import Outcome
+from service.planner import Outcome, Transition
 from service.releases import RangeError
 from service.settings import get_settings
 from service.store import add_trials, candidates_of
@@ -222,14 +222,33 @@ def releases_done(
         "first_new": version(outcome.first_new),
         "skipped": [members[i].version for i in outcome.skipped],
         "message": outcome.message,
+        # Every leak/no-leak transition the verdicts show, and the releases that contradict
+        # a single boundary (service/planner.py rule 6): non-monotone ranges said out loud.
+        "transitions": [_transition(t, members) for t in outcome.transitions],
+        "disagree": [members[i].version for i in outcome.disagree],
+        "not_monotone": outcome.not_monotone,
     }
     package = stages.package_of(job, stage)
-    message = outcome.message
+    # Its second line, so the job's first lines say it (the status stays the first
+    # transition's: a real, confirmed boundary).
+    message = "\n".join(filter(None, [outcome.message, outcome.not_monotone]))
     if stage == stages.COMMIT:
         job.commit = {**(job.commit or {}), **_commit_record(members, outcome, result)}
         message = job.commit["message"]
     stages.finish(job, stage, package=package, status=outcome.status, message=message,
                   result=result)  # fmt: skip
+
+
+def _transition(transition: Transition, members: list[Candidate]) -> dict[str, Any]:
+    """One transition as the report shows it (service/report.py `TransitionRow`)."""
+    below, above = transition.below, transition.above
+    return {
+        "before": members[below].version,
+        "after": members[above].version,
+        "change": "starts leaking" if transition.leaks_above else "stops leaking",
+        "confirmed": transition.confirmed,
+        "between": [c.version for c in members[below + 1 : above]],
+    }
 
 
 def _commit_record(members: list[Candidate], outcome: Outcome, result: dict) -> dict[str, Any]:

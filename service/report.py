@@ -76,6 +76,16 @@ class Evidence(BaseModel):
 class DependencyChange(BaseModel):
     package: str
     old: str | None  # in the last old (good) release's environment; None: absent
+class TransitionRow(BaseModel):
+    """One leak/no-leak transition of the range (service/planner.py rule 6)."""
+
+    before: str  # the last release judged in the earlier state
+    after: str  # the first release judged in the other state
+    change: str  # "starts leaking" | "stops leaking" (at `after`)
+    confirmed: bool  # both releases judged twice
+    between: list[str] = Field(default_factory=list)  # untested or unjudgeable releases
+
+
     new: str | None
 
 
@@ -93,6 +103,12 @@ class Report(BaseModel):
     candidates: list[CandidateRow] = Field(default_factory=list)
     trials: int = 0
     dependency_diff: list[DependencyChange] = Field(default_factory=list)
+    # Non-monotone ranges: one sentence naming the releases whose verdicts disagree with a
+    # single boundary (None: they fit one), those releases, and every transition the
+    # verdicts show (all of them with --all-transitions). The status is the first one's.
+    not_monotone: str | None = None
+    disagree: list[str] = Field(default_factory=list)
+    transitions: list[TransitionRow] = Field(default_factory=list)
     evidence: list[Evidence] = Field(default_factory=list)
     reproduce: str | None = None
     machine: dict[str, Any] | None = None
@@ -182,7 +198,10 @@ def _runs(trials: list[Trial]) -> list[Trial]:
 
 
 def run_error(trial: Trial) -> str | None:
-    """Why a run failed, in one line: the runner's own error, else the script's last words."""
+    """Why a run failed, in one line: the runner's own error, else the script's last words;
+    for a skip, the line that says the repro cannot run on the release (service/trials.py)."""
+    if trial.verdict == Verdict.SKIP:
+        return (trial.analysis or {}).get("cannot_run")
     if trial.verdict != Verdict.ERROR:
         return None
     return trial.error.strip().splitlines()[0] if trial.error else crash.error_line(trial.log_tail)
@@ -191,7 +210,7 @@ def run_error(trial: Trial) -> str | None:
 def _last_error(candidate: Candidate, done: list[Trial]) -> str | None:
     errors = [run_error(t) for t in done if t.candidate_id == candidate.id]
     found = [e for e in errors if e]
-    return found[-1] if found and candidate.verdict == Verdict.ERROR else None
+    return found[-1] if found and candidate.verdict in (Verdict.ERROR, Verdict.SKIP) else None
 
 
 def candidate_rows(
@@ -324,6 +343,9 @@ def build_report(job: Job, candidates: list[Candidate], trials: list[Trial]) -> 
         trials=len(_runs(trials)),
         machine=job.machine,
         environment=environment(job),
+        not_monotone=result.get("not_monotone"),
+        disagree=list(result.get("disagree", [])),
+        transitions=[TransitionRow(**t) for t in result.get("transitions", [])],
         dependency=dependency_section(job, trials),
         attribution=job.attribution,
         commit=job.commit,
@@ -347,17 +369,19 @@ def build_report(job: Job, candidates: list[Candidate], trials: list[Trial]) -> 
 def _with_crash_hints(
     message: str | None, job: Job, bounds: list[Candidate], trials: list[Trial]
 ) -> str | None:
-    """The message, plus the line each errored bound ended on and the fix that fits."""
+    """The message, plus the line each errored bound ended on and the fix that fits (a bound
+    the repro cannot run on: the fix alone, the planner's message has the line)."""
     names = ("old bound", "new bound") if job.find_fix else ("good bound", "bad bound")
     lines = [message] if message else []
     done = _runs(trials)
     for name, bound in zip(names, bounds, strict=True):
         failed = [t for t in done if t.candidate_id == bound.id and run_error(t)]
-        if bound.verdict != Verdict.ERROR or not failed:
+        if bound.verdict not in (Verdict.ERROR, Verdict.SKIP) or not failed:
             continue
         last = failed[-1]
         line = run_error(last)
-        lines.append(f"{name} {bound.version} ended: {line}")
+        if bound.verdict == Verdict.ERROR:
+            lines.append(f"{name} {bound.version} ended: {line}")
         fix = crash.hint(
             line,
             last.log_tail or "",

@@ -18,7 +18,7 @@ search is over.
 from collections import defaultdict
 from statistics import median
 
-from sqlmodel import Session
+from sqlmodel import Session, col, select
 
 from service import pins, pipeline, queue, reuse, stages
 from service.models import Candidate, Job, JobStatus, Trial, TrialKind, TrialStatus, utcnow
@@ -26,7 +26,7 @@ from service.planner import Plan, ReleaseState, plan
 from service.pooled import PooledRun, classify_runs
 from service.specs import longer_run_hints
 from service.store import add_trials, candidates_of, steps_printed, trials_of
-from service.trials import classifier_settings
+from service.trials import cannot_run_why, classifier_settings
 from service.verdicts import Verdict
 
 # Marks the lines of job.message that `advance` owns (reuse notes).
@@ -84,7 +84,9 @@ def _pooled_run(trial: Trial) -> PooledRun:
     return PooledRun(Verdict(trial.verdict), trial.analysis, normal)  # type: ignore[arg-type]
 
 
-def _states(candidates: list[Candidate], running: set[int | None]) -> list[ReleaseState]:
+def _states(
+    candidates: list[Candidate], running: set[int | None], why: dict[int | None, str]
+) -> list[ReleaseState]:
     return [
         ReleaseState(
             version=c.version,
@@ -93,11 +95,25 @@ def _states(candidates: list[Candidate], running: set[int | None]) -> list[Relea
             running=c.id in running,
         )
         for c in candidates
+            why=why.get(c.id),
     ]
 
 
 def _with_note(base: str | None, note: str | None) -> str | None:
     lines = [line for line in (base or "").splitlines() if REUSE_MARK not in line]
+def _skipped_bounds(session: Session, candidates: list[Candidate]) -> dict[int | None, str]:
+    """Why a skipped bound could not be judged, where its runs say (the repro cannot run
+    on it: service/trials.py); the planner's bounds message names it. Only the bounds:
+    an interior skip is stepped around whatever its reason."""
+    bounds = (candidates[0], candidates[-1])
+    ids = [c.id for c in bounds if c.evaluations and c.evaluations[-1] == Verdict.SKIP]
+    if not ids:
+        return {}
+    query = select(Trial).where(col(Trial.candidate_id).in_(ids), Trial.kind == TrialKind.RUN)
+    runs = session.exec(query.order_by(col(Trial.id))).all()
+    return {t.candidate_id: why for t in runs if (why := cannot_run_why(t.analysis))}
+
+
     if note:
         lines.append(note)
     return "\n".join(lines) or None
@@ -187,8 +203,13 @@ def _releases(
         reuse.ensure_keys(session, job, candidates)
     reused = False
     while True:
-        step = plan(_states(candidates, running), slots, find_fix=job.find_fix)
+        states = _states(candidates, running, why)
+        step = plan(states, slots, find_fix=job.find_fix, all_transitions=every)
         # Copy what earlier jobs already know, then ask again with it.
+    why = _skipped_bounds(session, candidates)
+    # --all-transitions maps the job's own range; culprit releases and commits, found
+    # from its first transition, are searched for their first.
+    every = job.all_transitions and stage == stages.RELEASES
         if not reusable:
             break
         if not any([reuse.try_reuse(session, job, candidates[i]) for i in step.run]):

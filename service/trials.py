@@ -6,7 +6,7 @@ from sqlalchemy import insert
 from sqlmodel import Session
 
 from runners.wire import TrialReport
-from service import pins
+from service import crash, pins
 from service.analysis import ClassifierSettings, classify_run
 from service.models import Candidate, Job, MemorySample, Trial, TrialKind, TrialStatus, utcnow
 from service.verdicts import Verdict
@@ -30,6 +30,11 @@ def judge(job: Job, report: TrialReport) -> Judgement:
         return Verdict.SKIP, {"reason": f"environment failed: {env.error}"}
     if report.error and report.exit_code is None:
         return Verdict.ERROR, {"reason": report.error}
+    if (line := _cannot_run(report)) is not None:
+        # Not guilty and not innocent: the release lacks what the repro uses. A skip, which
+        # the planner steps around (at a bound it says so: `cannot_run_why`).
+        reason = f"the repro cannot run on this release ({line})"
+        return Verdict.SKIP, {"verdict": "skip", "reason": reason, "cannot_run": line}
     samples = report.samples
     gpu = [s.gpu for s in samples] if report.gpu_source != "unavailable" else None
     run = classify_run(
@@ -59,6 +64,24 @@ def judge(job: Job, report: TrialReport) -> Judgement:
 
 def _step_count(steps: list[tuple[float, int]]) -> int | None:
     return max(s for _, s in steps) - min(s for _, s in steps) + 1 if steps else None
+
+def _cannot_run(report: TrialReport) -> str | None:
+    """The error line of a run that ended itself with an ImportError, ModuleNotFoundError
+    or AttributeError before its first step marker (service/crash.py); else None. What it
+    did before (an import ramp) is set-up, never a leak; after a marker the crash is what
+    it is today (an error, or a leak by `crash_leak_is_leak`)."""
+    killed = report.oom_killed or report.timed_out or report.stopped_early
+    if report.exit_code in (None, 0, 125) or killed or report.steps:
+        return None
+    return crash.cannot_run(report.log_tail)
+
+
+def cannot_run_why(analysis: dict[str, Any] | None) -> str | None:
+    """A skipped run's reason worded for the planner's bounds message, when the repro
+    could not run on the release; else None."""
+    line = (analysis or {}).get("cannot_run")
+    return f"the repro cannot run on it ({line})" if line else None
+
 
 
 def record_report(

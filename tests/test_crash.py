@@ -1,6 +1,13 @@
-"""The crash evidence rules (service/crash.py): the line shown and the hint given."""
+"""The crash evidence rules (service/crash.py): the line shown, the hint given, and whether a
+run could run at all (service/trials.py `judge`: the repro cannot run on this release)."""
 
-from service.crash import culprit_package, error_line, hint
+from types import SimpleNamespace
+
+from runners.wire import EnvResult, TrialReport
+from service.analysis import classify_run
+from service.crash import cannot_run, culprit_package, error_line, hint
+from service.trials import cannot_run_why, judge
+from service.verdicts import Verdict
 
 JAX_TRACE = """\
 step 0
@@ -96,3 +103,96 @@ def test_syntax_and_memory_errors() -> None:
     )
     assert hint("RuntimeError: boom", "", bisected="x", freeze=[], shared_pins=True) is None
     assert hint(None, "", bisected="x", freeze=[], shared_pins=True) is None
+
+
+# --- the repro cannot run on this release (service/trials.py `judge`) -----------------------
+
+NEW_API = """\
+Traceback (most recent call last):
+  File "/tmp/trial/repro.py", line 9, in <module>
+    leakyfixture.new_api()
+AttributeError: module 'leakyfixture' has no attribute 'new_api'
+"""
+MIB = 1024 * 1024
+
+
+def _ramp_report(log_tail: str, steps: list[tuple[float, int]], exit_code: int = 1) -> TrialReport:
+    """An import ramp, 100 to 400 MiB over 5 s, then the crash."""
+    samples = [{"t": i / 10, "rss": (100 + 6 * i) * MIB} for i in range(51)]
+    return TrialReport.model_validate({
+        "trial_id": 1, "env": EnvResult(ok=True).model_dump(), "exit_code": exit_code,
+        "log_tail": log_tail, "samples": samples, "steps": steps,
+    })  # fmt: skip
+
+
+def _judge(report: TrialReport) -> tuple[Verdict, dict]:
+    return judge(SimpleNamespace(classifier={}), report)  # type: ignore[arg-type]
+
+
+def test_cannot_run_names_import_and_attribute_errors_only() -> None:
+    assert cannot_run(NEW_API) == "AttributeError: module 'leakyfixture' has no attribute 'new_api'"
+    assert cannot_run(JAX_TRACE) == (
+        "AttributeError: module 'jax.experimental.layout' has no attribute 'DeviceLocalLayout'"
+    )
+    missing = "Traceback (most recent call last):\nModuleNotFoundError: No module named 'jax'\n"
+    assert cannot_run(missing) == "ModuleNotFoundError: No module named 'jax'"
+    assert cannot_run("ImportError: cannot import name 'args' from 'orbax.checkpoint'") == (
+        "ImportError: cannot import name 'args' from 'orbax.checkpoint'"
+    )
+    assert cannot_run("Traceback (most recent call last):\nValueError: bad shape\n") is None
+    assert cannot_run("Segmentation fault (core dumped)") is None
+    assert cannot_run(None) is None
+
+
+def test_an_import_crash_before_the_first_marker_is_a_skip_never_a_leak() -> None:
+    report = _ramp_report(NEW_API, steps=[])
+    # What the classifier alone says of it: a rising floor and a crash, a leak.
+    t, rss = [s.t for s in report.samples], [s.rss for s in report.samples]
+    alone = classify_run(t, rss, None, exit_code=1, oom_killed=False, timed_out=False)
+    assert alone.verdict is Verdict.LEAK
+    line = "AttributeError: module 'leakyfixture' has no attribute 'new_api'"
+    assert _judge(report) == (
+        Verdict.SKIP,
+        {
+            "verdict": "skip",
+            "reason": f"the repro cannot run on this release ({line})",
+            "cannot_run": line,
+        },
+    )
+    assert cannot_run_why(_judge(report)[1]) == f"the repro cannot run on it ({line})"
+
+
+def test_a_crash_after_a_marker_is_judged_as_before() -> None:
+    # A marker came: the script ran; the crash is what the classifier says (here the
+    # rising floor after the marker and crash_leak_is_leak: a leak).
+    report = _ramp_report(NEW_API, steps=[(0.3, 1)])
+    verdict, analysis = _judge(report)
+    assert verdict is Verdict.LEAK
+    assert "cannot_run" not in analysis
+    # Other crashes before any marker are not affected either.
+    other = _ramp_report("Traceback (most recent call last):\nValueError: bad\n", steps=[])
+    assert _judge(other)[0] is Verdict.LEAK
+    # Nor a run that exits 0, or that the cap, the timeout or early stopping ended.
+    assert _judge(_ramp_report(NEW_API, steps=[], exit_code=0))[0] is not Verdict.SKIP
+    for how in ({"oom_killed": True}, {"timed_out": True}, {"stopped_early": "floor grew"}):
+        report = _ramp_report(NEW_API, steps=[]).model_copy(update=how)
+        assert "cannot_run" not in _judge(report)[1], how
+    assert cannot_run_why({"reason": "environment failed: x"}) is None
+
+
+def test_the_hint_for_a_release_older_than_the_api_the_repro_uses() -> None:
+    line = error_line(NEW_API)
+    assert hint(line, NEW_API, bisected="leakyfixture", freeze=[], shared_pins=True) == (
+        "this release of leakyfixture has no new_api, which the repro uses: start the range "
+        "at a release that has it"
+    )
+    orbax = "ImportError: cannot import name 'args' from 'orbax.checkpoint' (/x/__init__.py)"
+    assert hint(orbax, orbax, bisected="orbax-checkpoint", freeze=[], shared_pins=False) == (
+        "this release of orbax-checkpoint has no args, which the repro uses: start the range "
+        "at a release that has it"
+    )
+    # Raised inside another package: that co-dependency is the one to pin (rule 3).
+    assert hint(line, JAX_TRACE, bisected="leakyfixture", freeze=FREEZE, shared_pins=False) == (
+        "jax does not fit this release: pin it to a release of the same time "
+        "(--with 'jax==VERSION'; this run had jax 0.8.1)"
+    )
