@@ -62,9 +62,6 @@ def judge(job: Job, report: TrialReport) -> Judgement:
     return verdict, analysis
 
 
-def _step_count(steps: list[tuple[float, int]]) -> int | None:
-    return max(s for _, s in steps) - min(s for _, s in steps) + 1 if steps else None
-
 def _cannot_run(report: TrialReport) -> str | None:
     """The error line of a run that ended itself with an ImportError, ModuleNotFoundError
     or AttributeError before its first step marker (service/crash.py); else None. What it
@@ -82,6 +79,9 @@ def cannot_run_why(analysis: dict[str, Any] | None) -> str | None:
     line = (analysis or {}).get("cannot_run")
     return f"the repro cannot run on it ({line})" if line else None
 
+
+def _step_count(steps: list[tuple[float, int]]) -> int | None:
+    return max(s for _, s in steps) - min(s for _, s in steps) + 1 if steps else None
 
 
 def record_report(
