@@ -73,9 +73,6 @@ class Evidence(BaseModel):
     pooled: dict[str, Any] | None = None
 
 
-class DependencyChange(BaseModel):
-    package: str
-    old: str | None  # in the last old (good) release's environment; None: absent
 class TransitionRow(BaseModel):
     """One leak/no-leak transition of the range (service/planner.py rule 6)."""
 
@@ -86,6 +83,9 @@ class TransitionRow(BaseModel):
     between: list[str] = Field(default_factory=list)  # untested or unjudgeable releases
 
 
+class DependencyChange(BaseModel):
+    package: str
+    old: str | None  # in the last old (good) release's environment; None: absent
     new: str | None
 
 
@@ -100,15 +100,15 @@ class Report(BaseModel):
     first_new: str | None = None
     between: list[str] = Field(default_factory=list)
     skipped: list[str] = Field(default_factory=list)
-    candidates: list[CandidateRow] = Field(default_factory=list)
-    trials: int = 0
-    dependency_diff: list[DependencyChange] = Field(default_factory=list)
     # Non-monotone ranges: one sentence naming the releases whose verdicts disagree with a
     # single boundary (None: they fit one), those releases, and every transition the
     # verdicts show (all of them with --all-transitions). The status is the first one's.
     not_monotone: str | None = None
     disagree: list[str] = Field(default_factory=list)
     transitions: list[TransitionRow] = Field(default_factory=list)
+    candidates: list[CandidateRow] = Field(default_factory=list)
+    trials: int = 0
+    dependency_diff: list[DependencyChange] = Field(default_factory=list)
     evidence: list[Evidence] = Field(default_factory=list)
     reproduce: str | None = None
     machine: dict[str, Any] | None = None
@@ -339,13 +339,13 @@ def build_report(job: Job, candidates: list[Candidate], trials: list[Trial]) -> 
         first_new=first_new.version if first_new else None,
         between=list(result.get("skipped", [])),
         skipped=[c.version for c in candidates if _unjudged(c)],
+        not_monotone=result.get("not_monotone"),
+        disagree=list(result.get("disagree", [])),
+        transitions=[TransitionRow(**t) for t in result.get("transitions", [])],
         candidates=candidate_rows(candidates, trials, job),
         trials=len(_runs(trials)),
         machine=job.machine,
         environment=environment(job),
-        not_monotone=result.get("not_monotone"),
-        disagree=list(result.get("disagree", [])),
-        transitions=[TransitionRow(**t) for t in result.get("transitions", [])],
         dependency=dependency_section(job, trials),
         attribution=job.attribution,
         commit=job.commit,

@@ -93,14 +93,12 @@ def _states(
             testable=c.testable,
             verdicts=tuple(Verdict(v) for v in c.evaluations),
             running=c.id in running,
+            why=why.get(c.id),
         )
         for c in candidates
-            why=why.get(c.id),
     ]
 
 
-def _with_note(base: str | None, note: str | None) -> str | None:
-    lines = [line for line in (base or "").splitlines() if REUSE_MARK not in line]
 def _skipped_bounds(session: Session, candidates: list[Candidate]) -> dict[int | None, str]:
     """Why a skipped bound could not be judged, where its runs say (the repro cannot run
     on it: service/trials.py); the planner's bounds message names it. Only the bounds:
@@ -114,6 +112,8 @@ def _skipped_bounds(session: Session, candidates: list[Candidate]) -> dict[int |
     return {t.candidate_id: why for t in runs if (why := cannot_run_why(t.analysis))}
 
 
+def _with_note(base: str | None, note: str | None) -> str | None:
+    lines = [line for line in (base or "").splitlines() if REUSE_MARK not in line]
     if note:
         lines.append(note)
     return "\n".join(lines) or None
@@ -202,14 +202,14 @@ def _releases(
     if reusable:
         reuse.ensure_keys(session, job, candidates)
     reused = False
-    while True:
-        states = _states(candidates, running, why)
-        step = plan(states, slots, find_fix=job.find_fix, all_transitions=every)
-        # Copy what earlier jobs already know, then ask again with it.
     why = _skipped_bounds(session, candidates)
     # --all-transitions maps the job's own range; culprit releases and commits, found
     # from its first transition, are searched for their first.
     every = job.all_transitions and stage == stages.RELEASES
+    while True:
+        states = _states(candidates, running, why)
+        step = plan(states, slots, find_fix=job.find_fix, all_transitions=every)
+        # Copy what earlier jobs already know, then ask again with it.
         if not reusable:
             break
         if not any([reuse.try_reuse(session, job, candidates[i]) for i in step.run]):
