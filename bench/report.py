@@ -14,7 +14,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-SECTIONS = ("classifier", "bisection", "envs", "sampler", "e2e", "speed")
+SECTIONS = ("classifier", "bisection", "envs", "sampler", "e2e", "speed", "neighbours")
 HEADINGS = {
     "classifier": "## 1. Classifier accuracy",
     "bisection": "## 2. Bisection cost",
@@ -22,6 +22,7 @@ HEADINGS = {
     "sampler": "## 4. Sampler overhead and fidelity",
     "e2e": "## 5. End to end",
     "speed": "## 6. Speed",
+    "neighbours": "## 7. Verdicts under a noisy neighbour",
 }
 INTROS = {
     "classifier": (
@@ -62,6 +63,17 @@ INTROS = {
         "on a generated 32-release range (first bad 1.0.21). bisect-cli runs with a warm uv "
         "cache and a fresh database, with one trial at a time and with two side by side "
         "(`--jobs 2`); a first cold run fills the cache and is not counted."
+    ),
+    "neighbours": (
+        "The same bisections and repro shapes idle, with a CPU hog on every core (one busy "
+        "process per core) and under memory pressure (another process holding half the "
+        "memory available, at most 8 GiB, and writing it again and again): the offline "
+        "fixture, and two packages shaped like real ML packages (`service.example.realistic`: "
+        "numpy, scipy and 200 MiB written on import, before the repro's first step marker), "
+        "with `bisect-cli run --no-attribute`; and every script of `service.example.shapes` "
+        "(import ramps, thread pools, compile caches, the GC, malloc arenas, mmap, late "
+        "returns, a late model load, and three leaks behind a heavy import), judged as a "
+        "runner would. A verdict that changes under load is a wrong verdict."
     ),
 }
 
@@ -369,6 +381,12 @@ def _speed_lines(x: dict[str, Any]) -> list[str]:
     return ["**Speed** (bisect-cli against the naive loop, warm uv cache): " + "; ".join(parts)]
 
 
+def _neighbours_lines(x: dict[str, Any]) -> list[str]:
+    from bench.neighbours import notes
+
+    return ["**Noisy neighbours**: " + notes(x)[0]]
+
+
 _HEADLINES: dict[str, Callable[[dict[str, Any]], list[str]]] = {
     "classifier": _classifier_lines,
     "bisection": _bisection_lines,
@@ -376,6 +394,7 @@ _HEADLINES: dict[str, Callable[[dict[str, Any]], list[str]]] = {
     "sampler": _sampler_lines,
     "e2e": _e2e_lines,
     "speed": _speed_lines,
+    "neighbours": _neighbours_lines,
 }
 
 
@@ -436,7 +455,7 @@ def render(results: dict[str, Any], images: dict[str, list[tuple[str, str]]]) ->
         "",
         "```console",
         "uv sync                                      # matplotlib is in the dev group",
-        "uv run python -m bench                       # all six, writes docs/benchmarks.md",
+        "uv run python -m bench                       # every section, writes docs/benchmarks.md",
         "uv run python -m bench --only envs,e2e       # some, merged into the last results",
         "uv run python -m bench --quick --out /tmp/b  # CI-sized",
         "uv run python -m bench --render              # rewrite the text and plots only",
