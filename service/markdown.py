@@ -15,7 +15,7 @@ import re
 from typing import Any
 
 from service import findings
-from service.report import Evidence, Report
+from service.report import Evidence, Report, transition_line
 from service.text import printable
 
 _SPECIAL = re.compile(r"([\\`*_\[\]<>|~])")
@@ -164,6 +164,11 @@ def markdown_report(report: Report, url: str | None = None) -> str:
     message = _first_line(report.message)
     if message and report.status == "found":
         out += ["", md_text(message)]
+    if report.not_monotone:
+        out += ["", f"**{md_text(report.not_monotone)}**"]
+    if len(report.transitions) > 1:
+        out += ["", "Transitions:", ""]
+        out += [f"- {md_text(transition_line(row))}" for row in report.transitions]
     if report.between:
         out += ["", f"Unjudgeable releases between the pair: {md_text(', '.join(report.between))}"]
     out += ["", "#### Releases tested", "", *_candidates(report)]

@@ -19,6 +19,8 @@ from service.models import Candidate, Job, Trial, TrialKind, TrialStatus
 from service.specs import env_spec
 from service.verdicts import Verdict
 
+# "found" stays 0 for a range that is not monotone: its first transition is a confirmed
+# boundary, and the report's first lines (JSON: `not_monotone`) say what else the verdicts show.
 EXIT_CODES = {"found": 0, "bounds_failed": 3, "inconclusive": 4, "error": 1, "cancelled": 1}
 
 
@@ -81,6 +83,14 @@ class TransitionRow(BaseModel):
     change: str  # "starts leaking" | "stops leaking" (at `after`)
     confirmed: bool  # both releases judged twice
     between: list[str] = Field(default_factory=list)  # untested or unjudgeable releases
+
+
+def transition_line(row: TransitionRow) -> str:
+    """One transition in words, the same in the text report, Markdown and the page."""
+    where = ", ".join([*row.between, row.after])
+    at = f"at one of {where}" if row.between else f"at {row.after}"
+    confirmed = "" if row.confirmed else ", not re-run to confirm"
+    return f"{row.change} {at}, after {row.before}{confirmed}"
 
 
 class DependencyChange(BaseModel):

@@ -13,7 +13,7 @@ from runners.wire import Sample
 from service import findings
 from service.baseenv import FORCED_NOTE
 from service.models import Candidate, Trial
-from service.report import CandidateRow, Report
+from service.report import CandidateRow, Report, transition_line
 from service.text import printable
 from service.verdicts import Verdict
 
@@ -173,7 +173,11 @@ def _headline(console: Console, report: Report) -> None:
     else:
         console.print(f"[bold]{report.package}[/]: {report.status.replace('_', ' ')}")
     if report.message:
-        console.print(outside(report.message))
+        console.print(outside(report.message))  # a non-monotone range: its second line
+    if len(report.transitions) > 1:
+        console.print("transitions:")
+        for row in report.transitions:
+            console.print(f"  {outside(transition_line(row))}", soft_wrap=True)
     if report.status == "bounds_failed" and "does not leak" in (report.message or ""):
         console.print(
             "hint: a leak that grows less than the threshold during one run counts as clean; "

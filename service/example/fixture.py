@@ -20,6 +20,11 @@ The default `FixtureSpec()`:
 Upload times are one day apart in version order from 2024-01-01T00:00:00Z (1.0.0),
 so 1.0.6 was uploaded 2024-01-07 and 1.1.0rc1 2024-01-11.
 
+Other shapes: `leak_ranges` makes a range that leaks, stops and leaks again (each
+leaking stretch given by its first and last release), and `lacks_new_api` gives every
+release but the ones named a `new_api()` that a repro may call (one that does cannot run
+on those: AttributeError).
+
 Every release's `leakyfixture.step()` also carries bounded noise, so a classifier that
 mistakes a spike or a filling cache for a leak fails on the clean releases:
 
@@ -87,9 +92,18 @@ class FixtureSpec:
     # "native" (malloc without free in a tiny C library built with the system's cc and
     # called through ctypes: only memray's native stacks see it).
     leak_via: str = "python"
+    # A range that leaks, stops and leaks again: the (first, last) releases of each leaking
+    # stretch, inclusive (last None: to the end), instead of first_leaking and fixed_in.
+    leak_ranges: tuple[tuple[str, str | None], ...] = ()
+    # Releases without `leakyfixture.new_api()` (a repro calling it cannot run on them:
+    # AttributeError), every other release has it; None: no release has it.
+    lacks_new_api: tuple[str, ...] | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "versions", tuple(self.versions))
+        object.__setattr__(self, "leak_ranges", tuple(tuple(r) for r in self.leak_ranges))
+        if self.lacks_new_api is not None:
+            object.__setattr__(self, "lacks_new_api", tuple(self.lacks_new_api))
         object.__setattr__(self, "noise", tuple(self.noise))
         object.__setattr__(self, "yanked", MappingProxyType(dict(self.yanked)))
         if self.leak_via not in ("python", "native"):
@@ -109,6 +123,11 @@ class FixtureSpec:
 
     def leaks(self, version: str) -> bool:
         v = Version(version)
+        if self.leak_ranges:
+            return any(
+                Version(first) <= v and (last is None or v <= Version(last))
+                for first, last in self.leak_ranges
+            )
         fixed = self.fixed_in is not None and v >= Version(self.fixed_in)
         return v >= Version(self.first_leaking) and not fixed
 
@@ -204,11 +223,21 @@ void *leak(size_t n) {
 """
 
 
+_NEW_API_TEMPLATE = '''
+
+def new_api():
+    """An API the releases not in the fixture's `lacks_new_api` have."""
+    return True
+'''
+
+
 def module_source(spec: FixtureSpec, version: str) -> str:
     """The `leakyfixture/__init__.py` of one release."""
     source = _module_source(spec, version)
     if spec.leak_via == "native":
         source = source.replace(_NATIVE_LEAK, "_native(LEAK_BYTES)") + _NATIVE_TEMPLATE
+    if spec.lacks_new_api is not None and version not in spec.lacks_new_api:
+        source += _NEW_API_TEMPLATE
     return source
 
 

@@ -20,6 +20,7 @@ from jinja2 import (
 )
 
 from service import findings
+from service.report import transition_line
 from service.text import printable
 from service.web import auth
 
@@ -47,6 +48,8 @@ env = Environment(
 env.filters["printable"] = lambda text: printable(text or "")
 # The stages beyond the releases, in the reports' own words (service/findings.py).
 env.globals["findings"] = lambda public: findings.sections(public, frames=3)
+# A non-monotone range's transitions, in the text report's words (service/report.py).
+env.globals["transition_line"] = transition_line
 
 
 def _missing(value: Any) -> bool:

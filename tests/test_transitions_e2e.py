@@ -1,0 +1,274 @@
+"""End to end: non-monotone ranges said out loud, --all-transitions, and releases a repro
+cannot run on. Real uv, real child processes, `bisect-cli run --no-attribute`.
+
+Two generated indexes:
+
+- "twice": leakyfixture leaks in 1.0.3-1.0.4 and again from 1.0.7 (no yanked, foreign or
+  pre-release), the shape of a library that turns a leaking default on, off and on again;
+- "new API": the default fixture (first leak 1.0.6), where 1.0.0 and 1.0.7 have no
+  `leakyfixture.new_api()`, which the repro calls before its first step marker.
+"""
+
+import json
+import sqlite3
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from fastapi.testclient import TestClient
+from sqlmodel import Session
+
+from service.api import create_app
+from service.db import get_engine
+from service.example.fixture import FixtureSpec, build_fixture
+from service.example.index import serve_index
+from service.models import Job
+from service.settings import Settings
+from tests.test_run_e2e import cli, run_args
+
+NOT_MONOTONE = (
+    "not monotone: 1.0.3 and 1.0.4 leak, 1.0.6 does not, 1.0.9 leaks again; "
+    "map every transition with --all-transitions"
+)
+NEW_API_REPRO = """\
+import time
+
+import leakyfixture
+
+leakyfixture.new_api()  # before the first step marker: a release without it cannot run this
+for _ in range(40):
+    leakyfixture.step()
+    print("::leakbisect-step::", flush=True)
+    time.sleep(0.05)
+"""
+MISSING = "AttributeError: module 'leakyfixture' has no attribute 'new_api'"
+
+
+@pytest.fixture(scope="module")
+def twice_index(reachable_dir: Callable[[str], Path]) -> Iterator[str]:
+    spec = FixtureSpec(
+        leak_ranges=(("1.0.3", "1.0.4"), ("1.0.7", None)),
+        yanked={},
+        foreign_only=None,
+        prerelease=None,
+    )
+    with serve_index(build_fixture(reachable_dir("twice-wheels"), spec)) as url:
+        yield url
+
+
+@pytest.fixture(scope="module")
+def new_api_index(reachable_dir: Callable[[str], Path]) -> Iterator[str]:
+    spec = FixtureSpec(lacks_new_api=("1.0.0", "1.0.7"))
+    with serve_index(build_fixture(reachable_dir("new-api-wheels"), spec)) as url:
+        yield url
+
+
+def visited(db: Path) -> list[tuple[str, str]]:
+    with sqlite3.connect(db) as con:
+        return con.execute(
+            "select c.version, t.verdict from trial t join candidate c on c.id = t.candidate_id "
+            "where t.kind = 'run' order by t.id"
+        ).fetchall()
+
+
+def bisect(home: Path, uv_cache: Path, range_: str, index: str, *extra: str, **kw: Any):
+    db = home / "results.db"
+    proc = cli(run_args(range_, index, db, "--no-attribute", *extra, **kw), home, uv_cache)
+    return proc, db
+
+
+# --- a non-monotone range, by default --------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def by_default(reachable_dir: Callable[[str], Path], twice_index: str, uv_cache: Path):
+    home = reachable_dir("twice-default")
+    proc, db = bisect(home, uv_cache, "1.0.0..1.0.9", twice_index)
+    return proc, db, home
+
+
+def test_the_default_search_says_the_range_is_not_monotone(by_default) -> None:
+    proc, db, _ = by_default
+    assert proc.returncode == 0, proc.stderr  # found: the first transition is confirmed
+    report = json.loads(proc.stdout)
+    assert (report["status"], report["last_good"], report["first_bad"]) == (
+        "found",
+        "1.0.2",
+        "1.0.3",
+    )
+    # Bounds; 1.0.4 (leak), 1.0.2, 1.0.3; the pair again; then the witness: the middle of
+    # the untested 1.0.5-1.0.8 above the first bad, which does not leak.
+    assert visited(db) == [
+        ("1.0.0", "clean"), ("1.0.9", "leak"), ("1.0.4", "leak"), ("1.0.2", "clean"),
+        ("1.0.3", "leak"), ("1.0.2", "clean"), ("1.0.3", "leak"), ("1.0.6", "clean"),
+    ]  # fmt: skip
+    assert report["not_monotone"] == NOT_MONOTONE
+    assert report["disagree"] == ["1.0.6"]
+    assert report["transitions"] == [
+        {"before": "1.0.2", "after": "1.0.3", "change": "starts leaking", "confirmed": True,
+         "between": []},
+        {"before": "1.0.4", "after": "1.0.6", "change": "stops leaking", "confirmed": False,
+         "between": ["1.0.5"]},
+        {"before": "1.0.6", "after": "1.0.9", "change": "starts leaking", "confirmed": False,
+         "between": ["1.0.7", "1.0.8"]},
+    ]  # fmt: skip
+    assert report["message"].splitlines()[:2] == [
+        "first bad is 1.0.3 and last good is 1.0.2, each confirmed by a second evaluation",
+        NOT_MONOTONE,
+    ]
+
+
+def test_text_and_markdown_say_it_in_their_first_lines(by_default, uv_cache: Path) -> None:
+    proc, db, home = by_default
+    assert proc.returncode == 0, proc.stderr
+    text = cli(["report", "1", "--database-url", f"sqlite:///{db}"], home, uv_cache)
+    assert text.returncode == 0, text.stderr
+    flat = " ".join(text.stdout.split())  # Rich wraps long lines at the terminal's width
+    assert flat.startswith(
+        " ".join(
+            [
+                "leakyfixture: first bad is 1.0.3, last good is 1.0.2",
+                "first bad is 1.0.3 and last good is 1.0.2, each confirmed by a second evaluation",
+                NOT_MONOTONE,
+                "transitions:",
+                "starts leaking at 1.0.3, after 1.0.2",
+                "stops leaking at one of 1.0.5, 1.0.6, after 1.0.4, not re-run to confirm",
+                "starts leaking at one of 1.0.7, 1.0.8, 1.0.9, after 1.0.6, not re-run to confirm",
+            ]
+        )
+    )
+    md = cli(["report", "1", "--markdown", "--database-url", f"sqlite:///{db}"], home, uv_cache)
+    assert md.returncode == 0, md.stderr
+    assert f"\n**{NOT_MONOTONE}**\n" in md.stdout
+    assert (
+        "Transitions:\n\n- starts leaking at 1.0.3, after 1.0.2\n"
+        "- stops leaking at one of 1.0.5, 1.0.6, after 1.0.4, not re-run to confirm\n"
+    ) in md.stdout
+
+
+def test_the_page_says_it(by_default, tmp_path: Path) -> None:
+    proc, db, _ = by_default
+    assert proc.returncode == 0, proc.stderr
+    settings = Settings(
+        database_url=f"sqlite:///{db}", data_dir=tmp_path / "data", cache_dir=tmp_path / "c",
+        reap_interval_s=0, trusted_hosts=["testserver"],
+    )  # fmt: skip
+    with TestClient(create_app(settings)) as client:
+        page = client.get("/jobs/1")
+    assert page.status_code == 200, page.text
+    assert NOT_MONOTONE in page.text
+    assert (
+        '<ul class="transitions" id="transitions"><li>starts leaking at 1.0.3, after 1.0.2</li>'
+        in (page.text)
+    )
+
+
+# --- --all-transitions ----------------------------------------------------------------------
+
+
+def test_all_transitions_maps_the_range(
+    reachable_dir: Callable[[str], Path], twice_index: str, uv_cache: Path
+) -> None:
+    # Two trials at a time (--jobs 2): the order then depends on which finishes first, but
+    # what runs does not: every release once, then both sides of each of the three
+    # transitions once more, 10 + 2 x 3 runs (service/planner.py, rules 3 and 4).
+    proc, db = bisect(reachable_dir("twice-all"), uv_cache, "1.0.0..1.0.9", twice_index,
+                      "--all-transitions", "--jobs", "2")  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    report = json.loads(proc.stdout)
+    leaking = {"1.0.3", "1.0.4", "1.0.7", "1.0.8", "1.0.9"}
+    twice = ["1.0.2", "1.0.3", "1.0.4", "1.0.5", "1.0.6", "1.0.7"]
+    expected = [(f"1.0.{i}", "leak" if f"1.0.{i}" in leaking else "clean") for i in range(10)]
+    expected += [(v, "leak" if v in leaking else "clean") for v in twice]
+    ran = visited(db)
+    assert sorted(ran) == sorted(expected)
+    assert ran[:2] == [("1.0.0", "clean"), ("1.0.9", "leak")]  # the bounds first
+    assert (report["status"], report["last_good"], report["first_bad"]) == (
+        "found",
+        "1.0.2",
+        "1.0.3",
+    )
+    rows = [(t["before"], t["after"], t["change"], t["confirmed"]) for t in report["transitions"]]
+    assert rows == [
+        ("1.0.2", "1.0.3", "starts leaking", True),
+        ("1.0.4", "1.0.5", "stops leaking", True),
+        ("1.0.6", "1.0.7", "starts leaking", True),
+    ]
+    assert report["disagree"] == ["1.0.5", "1.0.6"]
+    assert report["not_monotone"] == (
+        "not monotone: 1.0.3 and 1.0.4 leak, 1.0.5 and 1.0.6 do not, 1.0.7 to 1.0.9 leak again"
+    )
+
+
+# --- a release the repro cannot run on ---------------------------------------------------------
+
+
+def test_an_interior_release_the_repro_cannot_run_on_is_stepped_around(
+    reachable_dir: Callable[[str], Path], new_api_index: str, uv_cache: Path
+) -> None:
+    home = reachable_dir("new-api-interior")
+    script = home / "repro.py"
+    script.write_text(NEW_API_REPRO)
+    proc, db = bisect(home, uv_cache, "1.0.5..1.0.9", new_api_index, script=script)
+    assert proc.returncode == 0, proc.stderr
+    report = json.loads(proc.stdout)
+    assert (report["status"], report["last_good"], report["first_bad"]) == (
+        "found",
+        "1.0.5",
+        "1.0.6",
+    )
+    # 1.0.7, the middle of 1.0.6-1.0.8, crashes on import: a skip (never a leak, though it
+    # is above the first bad); the search steps to 1.0.6. 1.0.7 sits where the witness
+    # would go: no extra run.
+    assert visited(db) == [
+        ("1.0.5", "clean"), ("1.0.9", "leak"), ("1.0.7", "skip"), ("1.0.6", "leak"),
+        ("1.0.5", "clean"), ("1.0.6", "leak"),
+    ]  # fmt: skip
+    row = next(c for c in report["candidates"] if c["version"] == "1.0.7")
+    assert (row["verdict"], row["error"]) == ("skip", MISSING)
+    assert report["skipped"] == ["1.0.7"]
+    assert report["not_monotone"] is None
+
+
+def test_a_bound_the_repro_cannot_run_on_is_one_clear_line(
+    reachable_dir: Callable[[str], Path], new_api_index: str, uv_cache: Path
+) -> None:
+    home = reachable_dir("new-api-bound")
+    script = home / "repro.py"
+    script.write_text(NEW_API_REPRO)
+    proc, db = bisect(home, uv_cache, "1.0.0..1.0.9", new_api_index, script=script)
+    assert proc.returncode == 1, proc.stderr  # error: a bound that cannot be tested
+    report = json.loads(proc.stdout)
+    assert report["status"] == "error"
+    assert report["message"].splitlines() == [
+        f"good bound 1.0.0 cannot be tested: the repro cannot run on it ({MISSING})",
+        "hint: this release of leakyfixture has no new_api, which the repro uses: start the "
+        "range at a release that has it",
+    ]
+    assert visited(db) == [("1.0.0", "skip")]
+    run = report["evidence"][0]["runs"][0]
+    assert (run["verdict"], run["exit_code"], run["error"]) == ("skip", 1, MISSING)
+
+
+# --- the option reaches the job through the API ------------------------------------------------
+
+
+def test_the_api_takes_all_transitions(tmp_path: Path, twice_index: str) -> None:
+    settings = Settings(
+        database_url=f"sqlite:///{tmp_path / 'api.db'}", data_dir=tmp_path / "data",
+        cache_dir=tmp_path / "cache", reap_interval_s=0, trusted_hosts=["testserver"],
+    )  # fmt: skip
+    body = {"package": "leakyfixture", "range": "1.0.0..1.0.9", "script": "print(1)\n",
+            "index_url": twice_index}  # fmt: skip
+    with TestClient(create_app(settings)) as client:
+        created = client.post("/api/v1/jobs", json={**body, "all_transitions": True})
+        assert created.status_code == 201, created.text
+        plain = client.post("/api/v1/jobs", json=body)
+        assert plain.status_code == 201, plain.text
+        refused = client.post("/api/v1/jobs", json={**body, "all_transitions": "sometimes"})
+        assert refused.status_code == 422
+        assert refused.json()["detail"].startswith("all_transitions: ")
+    with Session(get_engine(settings.effective_database_url)) as session:
+        jobs = [session.get(Job, created.json()["id"]), session.get(Job, plain.json()["id"])]
+        assert [j.all_transitions for j in jobs if j is not None] == [True, False]
