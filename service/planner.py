@@ -45,8 +45,9 @@ Rules, in the order `plan` applies them:
    bound's first evaluation counts), so each is re-run once. A re-run that
    disagrees makes the candidate flaky, i.e. unjudgeable, and the search goes on
    from the new interval (the transitions are read again without it).
-5. Witness (not with `all_transitions`). One evaluation on the NEW side,
-   strictly between first_new and the last index: the untested testable
+5. Witness (unless `all_transitions`, or `witness=False`: the scheduler's commit
+   stage, whose candidates are each built from source). One evaluation on the NEW
+   side, strictly between first_new and the last index: the untested testable
    candidate in the middle of the largest stretch of untested ones there (cut
    by evaluated and running candidates; lower middle, and the lower stretch, on
    ties). That side is where a contradiction changes what the answer means:
@@ -459,13 +460,15 @@ def plan(
     find_fix: bool = False,
     confirm: bool = True,
     all_transitions: bool = False,
+    witness: bool = True,
 ) -> Plan:
     """Decide what to evaluate next, or how the search ended.
 
     `slots` is how many evaluations may run at once in total; running
     candidates occupy slots. Never returns a running candidate, nor more
     candidates than free slots. `all_transitions`: map every transition of the
-    range instead of the first (rules 3 and 4), without a witness.
+    range instead of the first (rules 3 and 4), without a witness. `witness`:
+    False skips rule 5.
     """
     if slots < 0:
         raise ValueError(f"slots must be >= 0, got {slots}")
@@ -498,8 +501,9 @@ def plan(
     if unknowns or not bounds_known:
         # Still searching, or waiting for bounds / running candidates.
         return Plan(run=tuple(run), outcome=None)
+    look = witness and not all_transitions
     return _confirm_and_witness(candidates, states, run, running, free, find_fix, confirm,
-                                all_transitions)  # fmt: skip
+                                look, all_transitions)  # fmt: skip
 
 
 def _confirm_and_witness(
@@ -510,9 +514,10 @@ def _confirm_and_witness(
     free: int,
     find_fix: bool,
     confirm: bool,
+    look: bool,
     all_transitions: bool,
 ) -> Plan:
-    """Rules 4 to 6, once nothing unknown can move the answer."""
+    """Rules 4 to 6, once nothing unknown can move the answer; `look`: rule 5 applies."""
     last = len(candidates) - 1
     last_old, first_new = _interval(states, last)
     pairs = (
@@ -523,7 +528,7 @@ def _confirm_and_witness(
     pending = sorted({i for pair in pairs for i in pair if len(candidates[i].verdicts) < 2})
     pending = pending if confirm else []
     witness, witness_running = (
-        (None, False) if all_transitions else _witness(candidates, running, first_new, last)
+        _witness(candidates, running, first_new, last) if look else (None, False)
     )
     if pending or witness is not None or witness_running:
         run.extend(i for i in pending if i not in running)

@@ -206,9 +206,13 @@ def _releases(
     # --all-transitions maps the job's own range; culprit releases and commits, found
     # from its first transition, are searched for their first.
     every = job.all_transitions and stage == stages.RELEASES
+    # No witness among commits: each is built from source, and their range lies inside a
+    # confirmed release boundary.
+    witness = stage != stages.COMMIT
     while True:
         states = _states(candidates, running, why)
-        step = plan(states, slots, find_fix=job.find_fix, all_transitions=every)
+        step = plan(states, slots, find_fix=job.find_fix, all_transitions=every,
+                    witness=witness)  # fmt: skip
         # Copy what earlier jobs already know, then ask again with it.
         if not reusable:
             break

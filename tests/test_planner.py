@@ -77,6 +77,7 @@ def simulate(
     find_fix: bool = False,
     confirm: bool = True,
     all_transitions: bool = False,
+    witness: bool = True,
 ) -> Search:
     """Run a whole search, completing every round's evaluations together."""
     skipped_forever = frozenset(untestable)
@@ -89,6 +90,7 @@ def simulate(
             find_fix=find_fix,
             confirm=confirm,
             all_transitions=all_transitions,
+            witness=witness,
         )
         if step.outcome is not None:
             assert step.run == ()
@@ -944,3 +946,12 @@ def test_asynchronous_completion_of_all_transitions(seed):
     assert step.outcome.transitions == expected
     members = {i for t in expected for i in (t.below, t.above)}
     assert [len(d) for d in done] == [2 if i in members else 1 for i in range(n)]
+
+
+def test_the_caller_can_leave_the_witness_out():
+    # The scheduler's commit stage: the path of a search without rule 5, even where the
+    # witness would have shown a contradiction.
+    search = simulate(twice_leaking(), 1, witness=False)
+    assert search.visited == [0, 9, 4, 2, 3, 2, 3]
+    assert search.outcome.transitions == (up(2, 3),)
+    assert search.outcome.not_monotone is None
