@@ -90,6 +90,8 @@ def _candidates(report: Report) -> list[str]:
             notes.append(f"untestable: {md_text(row.untestable_reason)}")
         if row.reused:
             notes.append("verdict reused from an earlier job")
+        if row.contradicted_by_job is not None:
+            notes.append(f"flaky: contradicted by job {row.contradicted_by_job}")
         if row.resolution == "free":
             notes.append("resolved freely (other packages not held at the good bound's)")
         lines.append(

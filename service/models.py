@@ -136,6 +136,9 @@ class Candidate(SQLModel, table=True):
     reused_from: int | None = None
     # Same script, package, version, environment, classifier and hardware class -> same verdict.
     reuse_key: str | None = Field(default=None, index=True)
+    # The other job (same reuse key, same owner) whose verdict of this release disagrees with
+    # this one's (service/reuse.py rule 6): shown as flaky, and never a reuse source again.
+    contradicted_by_job: int | None = None
     # The job stage it belongs to (service/stages.py): "" the releases of `Job.package`,
     # "mix" a --from/--to mix, "release:NAME" a further culprit's releases, "commit".
     stage: str = Field(default="", index=True)

@@ -44,6 +44,9 @@ class CandidateRow(BaseModel):
     # Why it was not held at the pins (with --base-env: which base pins it forced).
     resolution_note: str | None = None
     reused: bool = False
+    # The other job whose verdict of this release disagrees with this one's (same reuse key
+    # and owner, service/reuse.py rule 6): the verdict is flaky and never reused again.
+    contradicted_by_job: int | None = None
     # An error verdict: the line its last failed run ended on (service/crash.py).
     error: str | None = None
     # A shell line that rebuilds the candidate as tested and runs the repro (tested ones).
@@ -243,6 +246,7 @@ def candidate_rows(
             resolution=c.resolution,
             resolution_note=c.resolution_note,
             reused=c.reused_from is not None,
+            contradicted_by_job=c.contradicted_by_job,
             error=_last_error(c, done),
             reproduce=reproduce_command(job, c) if job is not None and c.id in tested else None,
             pooled=(c.pooled or {}).get("reason"),

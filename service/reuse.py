@@ -1,37 +1,83 @@
-"""Verdict reuse: a release already judged under the same conditions is not run again.
+"""Verdict reuse: a release already judged under the same conditions is not run again,
+and only where the earlier verdict is as strong as a fresh one would be.
 
-Two candidates share a `reuse_key` when everything that decides their verdict is
-the same (see `reuse_key`). When the planner picks a candidate that has not been
-evaluated yet, and a candidate of an *earlier* job with the same key holds
-decisive evaluations (leak, clean, plateau), those evaluations are copied
-(verdict, growth, freeze, resolution) and the candidate points at its source
-with `reused_from`. Errors, skips and inconclusive verdicts are never reused:
-they may say more about the machine or the index that day than about the
-release. A job with `reuse_verdicts=False` neither reuses nor is skipped over:
-its own candidates still get keys, so later jobs can reuse its verdicts.
+Rules, in code order:
 
-Portable SQL only (an indexed equality and a comparison), so SQLite and
-Postgres behave the same.
+1. Key (`key_material`, `reuse_key`). Two candidates share a key when everything that
+   decides their verdict is the same: the script (its text and its file name: a script
+   named like a module it imports shadows it), the package and version, the environment,
+   the job's `--env` variables (a variable can switch a leak on or off), the run policy,
+   the classifier settings and the hardware class. `KEY_VERSION` is bumped whenever the
+   key's contents change, so keys made by older code (which could hold verdicts that
+   later rules refuse) never match a new one. Repeats and early stopping are not in the
+   key: they decide how strong a verdict is, which rule 3 checks.
+2. Keys are computed once per candidate, lazily (`ensure_keys`), for every job, also
+   one with `reuse_verdicts=False`: its own verdicts can serve later jobs.
+3. Source (`find_source`): a candidate of an *earlier* job with the same key, and
+   - the same owner (`Job.owner`; None is `bisect-cli run` or an open service): one
+     tenant's verdicts never decide, or name a job in, another's;
+   - its job ran at least as many repeats per evaluation as this one asks;
+   - judged by its own trials (not itself a reuse), every evaluation decisive (leak,
+     clean, plateau) and agreeing (clean and plateau agree), and never contradicted by
+     another job (rule 6);
+   - each of its deciding runs either ran to its end, or was stopped by the memory-cap
+     rule (`CAP_NEAR`: it only stops a run the cap would kill, and an OOM kill with a
+     rising floor is a leak in a fresh run too), or was stopped early on a horizon of at
+     least `runners.earlystop.MIN_HORIZON_S` (the trial's analysis["early_stop"]). A run
+     stopped early without that record (every run of the code before it) is too weak:
+     on a short horizon the rule can fire on an import ramp.
+   Among those: the most evaluations, then the newest.
+4. Copy (`try_reuse`): the source's verdict as *one* evaluation, with its growth, freeze
+   and resolution, and `reused_from` pointing at it. The planner confirms the boundary
+   pair by running each until it has two evaluations (service/planner.py rule 4), so the
+   job always runs its own boundary pair, and a stale verdict there is caught.
+5. Bounds (`stale_bounds`): a bound in the wrong state on a reused verdict alone would
+   end the job without a run of its own; it is run once first, and the job ends only if
+   that run agrees.
+6. Contradictions (`mark_contradictions`): when a candidate's own runs say leak and an
+   earlier job's candidate of the same key and owner says bounded (or the reverse), the
+   earlier one records this job (`contradicted_by_job`): it is shown as flaky and never
+   reused again. A reused candidate whose own run contradicts the verdict it copied
+   records the source's job the same way; its evaluations disagree, so the planner calls
+   it flaky and steps around it. Either way both jobs' views say "flaky: contradicted by
+   job N". Jobs with `reuse_verdicts=False` (`--no-reuse`, "Bisect again") mark too.
+7. Attribution (`find_attribution`): an earlier job of the same owner that traced the
+   same boundary pair under the same keys lends its attribution.
+8. Note (`note`): one line per source job for the job's message.
+
+Errors, skips and inconclusive verdicts are never reused: they may say more about the
+machine or the index that day than about the release. Portable SQL only (indexed
+equality, IN, comparisons and a join), so SQLite and Postgres behave the same.
 """
 
 import hashlib
 import json
+import math
+from collections.abc import Sequence
 from dataclasses import asdict
 from typing import Any
 
 from packaging.requirements import InvalidRequirement, Requirement
 from packaging.utils import canonicalize_name
 from packaging.version import InvalidVersion, Version
+from sqlalchemy import and_, or_
 from sqlmodel import Session, col, select
 
+from runners import earlystop
 from service.analysis import ClassifierSettings
-from service.models import Candidate, Job
+from service.models import Candidate, Job, Trial, TrialKind, TrialStatus
 from service.specs import env_spec
 from service.verdicts import Verdict
 
 # Bump when the key's contents change, so old keys stop matching new ones.
-KEY_VERSION = 1
+# 2: the job's --env variables and the script's file name; repeats left for rule 3.
+KEY_VERSION = 2
 REUSABLE = frozenset({Verdict.LEAK.value, Verdict.CLEAN.value, Verdict.PLATEAU.value})
+BOUNDED = sorted({Verdict.CLEAN.value, Verdict.PLATEAU.value})
+# How runners/earlystop.py `should_stop` words a stop by the memory-cap rule.
+CAP_NEAR = "the memory cap is near"
+# The shortest horizon on which an early stop is as strong as a whole run (rule 3).
+MIN_HORIZON_S: float = getattr(earlystop, "MIN_HORIZON_S", math.inf)
 
 
 def _version(text: str) -> str:
@@ -58,15 +104,16 @@ def _other_pins(constraints: list[str], package: str) -> list[str]:
 def key_material(job: Job, candidate: Candidate) -> dict[str, Any]:
     """Everything that decides a candidate's verdict, as canonical JSON-ready data.
 
-    - the script (its sha256), the package (canonical name) and the version;
+    - the script (its sha256 and its file name), the package (canonical name) and the
+      version;
     - the environment spec as the runner gets it: Python, extra requirements
       (sorted), index URL, extra index URLs and find-links (in order: order
       decides which index wins), pre-releases, the pins of the other packages
       (sorted, the package's own pin dropped), for as-released jobs the
       upload-time cutoff, and for base-environment jobs that mark (every pin is
       then installed, not only what the candidate needs);
-    - the run policy that changes what a run can show: timeout, memory cap,
-      sample rate, repeats;
+    - the job's environment variables for the script (`--env`);
+    - the run policy that changes what a run can show: timeout, memory cap, sample rate;
     - the classifier settings, with defaults filled in (an empty policy and an
       explicit default policy are the same);
     - the hardware class (a GPU leak needs a GPU to show) and requires_gpu.
@@ -75,6 +122,7 @@ def key_material(job: Job, candidate: Candidate) -> dict[str, Any]:
     return {
         "v": KEY_VERSION,
         "script_sha256": job.script_sha256,
+        "script_name": job.script_name,
         "package": canonicalize_name(job.package),
         "version": _version(candidate.version),
         "env": {
@@ -90,11 +138,11 @@ def key_material(job: Job, candidate: Candidate) -> dict[str, Any]:
             # Only when set, so the keys of jobs without one stay what they were.
             **({"base_env": True} if spec.base_env else {}),
         },
+        "variables": dict(sorted(job.variables.items())),
         "run": {
             "timeout_s": float(job.timeout_s),
             "memory_limit_bytes": job.memory_limit,
             "sample_hz": float(job.sample_hz),
-            "repeats": job.repeats,
         },
         "classifier": asdict(ClassifierSettings(**job.classifier)),
         "hardware_class": job.hardware_class,
@@ -115,19 +163,70 @@ def ensure_keys(session: Session, job: Job, candidates: list[Candidate]) -> None
             session.add(candidate)
 
 
+def _same_owner(job: Job) -> Any:
+    """Rule 3's owner condition on the joined `Job` row (None matches only None)."""
+    return col(Job.owner).is_(None) if job.owner is None else col(Job.owner) == job.owner
+
+
+def verdict_class(verdicts: Sequence[str]) -> str | None:
+    """The class, "leak" or "bounded", when every verdict is decisive and they agree, else None."""
+    classes = {
+        "leak" if v == Verdict.LEAK else "bounded" if v in BOUNDED else "undecided"
+        for v in verdicts
+    }
+    return next(iter(classes)) if len(classes) == 1 and "undecided" not in classes else None
+
+
+def strong_run(trial: Trial) -> bool:
+    """Rule 3: the run went to its end, was stopped by the cap rule, or was stopped early
+    on a horizon of at least MIN_HORIZON_S."""
+    analysis = trial.analysis or {}
+    stopped = analysis.get("stopped_early")
+    if not stopped or str(stopped).startswith(CAP_NEAR):
+        return True
+    record = analysis.get("early_stop") or {}
+    horizon = record.get("horizon_s") if isinstance(record, dict) else None
+    return isinstance(horizon, int | float) and horizon >= MIN_HORIZON_S
+
+
+def _strong(session: Session, found: list[Candidate]) -> list[Candidate]:
+    """The candidates of `found` whose every deciding run is strong (one query)."""
+    ids = [c.id for c in found]
+    query = select(Trial).where(
+        col(Trial.candidate_id).in_(ids),
+        col(Trial.kind) == TrialKind.RUN.value,
+        col(Trial.status) == TrialStatus.DONE.value,
+    )
+    weak: set[int] = set()
+    closed = {c.id: len(c.evaluations) for c in found}
+    for trial in session.exec(query):
+        if trial.evaluation <= closed[trial.candidate_id] and not strong_run(trial):
+            weak.add(trial.candidate_id)
+    return [c for c in found if c.id not in weak]
+
+
 def find_source(session: Session, job: Job, candidate: Candidate) -> Candidate | None:
-    """The best earlier judged candidate with the same key: most evaluations, then newest."""
+    """The best earlier candidate whose verdict is as strong as a fresh one (rule 3)."""
     if candidate.reuse_key is None:
         return None
-    query = select(Candidate).where(
-        col(Candidate.reuse_key) == candidate.reuse_key,
-        col(Candidate.job_id) < job.id,
-        col(Candidate.verdict).in_(sorted(REUSABLE)),
+    query = (
+        select(Candidate)
+        .join(Job, col(Job.id) == col(Candidate.job_id))
+        .where(
+            col(Candidate.reuse_key) == candidate.reuse_key,
+            col(Candidate.job_id) < job.id,
+            col(Candidate.verdict).in_(sorted(REUSABLE)),
+            col(Candidate.reused_from).is_(None),
+            col(Candidate.contradicted_by_job).is_(None),
+            col(Job.repeats) >= job.repeats,
+            _same_owner(job),
+        )
     )
-    found = [c for c in session.exec(query) if c.evaluations]
+    found = [c for c in session.exec(query) if verdict_class(c.evaluations) is not None]
     if not found:
         return None
-    return max(found, key=lambda c: (len(c.evaluations), c.id or 0))
+    strong = _strong(session, found)
+    return max(strong, key=lambda c: (len(c.evaluations), c.id or 0)) if strong else None
 
 
 def try_reuse(session: Session, job: Job, candidate: Candidate) -> bool:
@@ -137,7 +236,8 @@ def try_reuse(session: Session, job: Job, candidate: Candidate) -> bool:
     source = find_source(session, job, candidate)
     if source is None:
         return False
-    candidate.evaluations = list(source.evaluations)
+    # One evaluation, however many the source had: the boundary pair still runs (rule 4).
+    candidate.evaluations = [source.verdict]  # type: ignore[list-item]
     candidate.verdict = source.verdict
     candidate.growth_mib = source.growth_mib
     candidate.freeze = list(source.freeze)
@@ -149,15 +249,75 @@ def try_reuse(session: Session, job: Job, candidate: Candidate) -> bool:
     return True
 
 
+def stale_bounds(candidates: list[Candidate], find_fix: bool) -> list[int]:
+    """Rule 5: the bounds (0, last) in the wrong state on a reused verdict alone."""
+    wrong = {0: "leak", len(candidates) - 1: "bounded"}
+    if find_fix:
+        wrong = {0: "bounded", len(candidates) - 1: "leak"}
+    return [
+        index
+        for index, state in wrong.items()
+        if candidates[index].reused_from is not None
+        and len(candidates[index].evaluations) == 1
+        and verdict_class(candidates[index].evaluations) == state
+    ]
+
+
+def _own_class(candidate: Candidate) -> str | None:
+    """The class of the candidate's own evaluations (a reused first one left out)."""
+    own = candidate.evaluations[1:] if candidate.reused_from else candidate.evaluations
+    return verdict_class(own) if own else None
+
+
+def mark_contradictions(session: Session, job: Job, candidates: list[Candidate]) -> None:
+    """Rule 6 for the judged candidates of `job` (one query; caller commits)."""
+    own = {c.reuse_key: cls for c in candidates if c.reuse_key and (cls := _own_class(c))}
+    if not own:
+        return
+    leaking = [k for k, cls in own.items() if cls == "leak"]
+    bounded = [k for k, cls in own.items() if cls == "bounded"]
+    query = (
+        select(Candidate)
+        .join(Job, col(Job.id) == col(Candidate.job_id))
+        .where(
+            col(Candidate.job_id) < job.id,
+            col(Candidate.contradicted_by_job).is_(None),
+            col(Candidate.reused_from).is_(None),
+            or_(
+                and_(col(Candidate.reuse_key).in_(leaking), col(Candidate.verdict).in_(BOUNDED)),
+                and_(col(Candidate.reuse_key).in_(bounded), col(Candidate.verdict) == "leak"),
+            ),
+            _same_owner(job),
+        )
+    )
+    for earlier in session.exec(query):
+        earlier.contradicted_by_job = job.id
+        session.add(earlier)
+    for candidate in candidates:
+        if candidate.reused_from is None or candidate.contradicted_by_job:
+            continue
+        mine, copied = _own_class(candidate), verdict_class(candidate.evaluations[:1])
+        if mine is None or mine == copied:
+            continue
+        source = session.get(Candidate, candidate.reused_from)
+        if source is not None:
+            candidate.contradicted_by_job = source.job_id
+            session.add(candidate)
+
+
 def find_attribution(session: Session, job: Job, good: Candidate, bad: Candidate) -> Job | None:
-    """The newest earlier job that traced the same boundary pair under the same conditions
-    (both candidates' keys), so its attribution is copied rather than traced again."""
+    """The newest earlier job of the same owner that traced the same boundary pair under the
+    same conditions (both candidates' keys), so its attribution is copied rather than
+    traced again (rule 7)."""
     if not job.reuse_verdicts or good.reuse_key is None or bad.reuse_key is None:
         return None
 
     def jobs_with(key: str) -> set[int]:
-        query = select(Candidate.job_id).where(
-            col(Candidate.reuse_key) == key, col(Candidate.job_id) < job.id
+        query = (
+            select(Candidate.job_id)
+            .join(Job, col(Job.id) == col(Candidate.job_id))
+            .where(col(Candidate.reuse_key) == key, col(Candidate.job_id) < job.id)
+            .where(_same_owner(job))
         )
         return set(session.exec(query))
 

@@ -9,10 +9,12 @@ queue the planner's picks. `advance` and `cancel` hold the job's lock
 (`queue.job_lock`: the job row `FOR UPDATE` on Postgres, a process lock on
 SQLite). Callers commit their own changes before calling either.
 
-Verdict reuse (service/reuse.py): a pick that an earlier job already judged
-under the same conditions is not queued; its verdicts are copied and the
-planner is asked again, until it picks something that needs running or the
-search is over.
+Verdict reuse (service/reuse.py, whose rules these follow): a pick that an earlier
+job of the same owner already judged, as strongly as a fresh run would, under the
+same conditions is not queued; its verdict is copied as one evaluation and the
+planner is asked again, until it picks something that needs running or the search
+is over. A bound that fails on a reused verdict alone is run before the job fails,
+and each step first marks the earlier verdicts this job's own runs contradict.
 """
 
 from collections import defaultdict
@@ -201,6 +203,7 @@ def _releases(
     reusable = stage == stages.RELEASES and job.from_env is None
     if reusable:
         reuse.ensure_keys(session, job, candidates)
+        reuse.mark_contradictions(session, job, candidates)
     reused = False
     why = _skipped_bounds(session, candidates)
     # --all-transitions maps the job's own range; culprit releases and commits, found
@@ -219,6 +222,10 @@ def _releases(
         if not any([reuse.try_reuse(session, job, candidates[i]) for i in step.run]):
             break
         reused = True
+    if reusable and (stale := reuse.stale_bounds(candidates, job.find_fix)):
+        # A bound in the wrong state on a reused verdict alone (the planner said
+        # bounds_failed) runs once before the job can fail on it.
+        step = Plan(run=tuple(i for i in stale if candidates[i].id not in running), outcome=None)
     for index in step.run:
         candidate = candidates[index]
         add_trials(session, job, candidate, len(candidate.evaluations) + 1, job.repeats)

@@ -674,10 +674,13 @@ def test_verdicts_are_reused_by_a_later_identical_job(
     drive(client, [runner])
 
     second = submit(client, fixture_index)
-    assert second["status"] == "found"  # every verdict it needs is known: nothing queued
+    # Every verdict it needs is known, each reused as one evaluation: only the boundary
+    # pair runs, to confirm it (service/reuse.py rule 4).
+    assert second["status"] == "running"
+    assert drive(client, [runner]) == [["1.0.5"], ["1.0.6"]]
     shown = job(client, second["id"])
-    assert (shown["last_good"], shown["first_bad"]) == ("1.0.5", "1.0.6")
-    assert shown["progress"]["trials_done"] + shown["progress"]["trials_queued"] == 0
+    assert (shown["status"], shown["last_good"], shown["first_bad"]) == ("found", "1.0.5", "1.0.6")
+    assert shown["progress"]["trials_done"] == 2
     reused = [c["version"] for c in shown["candidates"] if c["reused"]]
     assert reused == ["1.0.0", "1.0.5", "1.0.6", "1.0.7", "1.0.9"]
     assert shown["message"].splitlines()[-1] == (
@@ -692,7 +695,8 @@ def test_verdicts_are_reused_by_a_later_identical_job(
     assert not any(c["reused"] for c in shown["candidates"])
     assert "reused" not in (shown["message"] or "")
 
-    # Different classifier-relevant policy (repeats): a different key, nothing reused.
+    # More repeats than its sources ran: they are weaker than its own (service/reuse.py rule
+    # 3), nothing reused.
     other = submit(client, fixture_index, repeats=2)
     assert other["status"] == "running"
     assert not any(c["reused"] for c in job(client, other["id"])["candidates"])

@@ -143,6 +143,9 @@ def test_reuse_key_covers_what_decides_a_verdict(session: Session) -> None:
     assert key(session, constraints=["numpy==2.0.0", "leakyfixture==1.0.2"]) == base  # own pin
     assert key(session, requirements=["b", "a"]) == key(session, requirements=["a", "b"])
     assert key(session, max_runs=5) == base  # only used to settle an inconclusive verdict
+    # How strong a verdict is, not what it is: reuse checks the source's (service/reuse.py 3).
+    assert key(session, repeats=3) == base
+    assert key(session, early_stop=False) == base
     # Anything that can change the verdict: a different key.
     for change in [
         {"script_sha256": "def"},
@@ -158,7 +161,8 @@ def test_reuse_key_covers_what_decides_a_verdict(session: Session) -> None:
         {"requires_gpu": True},
         {"timeout_s": 60.0},
         {"memory_limit": 1 << 30},
-        {"repeats": 3},
+        {"variables": {"LEAK": "1"}},
+        {"script_name": "json.py"},
     ]:
         assert key(session, **change) != base, change
     job = seed(session)
@@ -179,13 +183,21 @@ def test_keys_are_computed_lazily_and_reuse_needs_an_earlier_judged_job(session:
 
     second = seed(session)
     plan = advance(session, second, 1)
-    assert plan.outcome is not None and plan.outcome.status == "found"
+    # Each verdict is copied as one evaluation: the boundary pair is confirmed by runs of
+    # the job's own (service/reuse.py rule 4), the good one first.
+    assert plan.outcome is None and queued_versions(session, second) == ["1.0.5"]
     rows = {c.version: c for c in candidates(session, second)}
     sources = {c.version: c for c in candidates(session, first)}
-    assert rows["1.0.5"].evaluations == ["clean", "clean"]
+    assert rows["1.0.5"].evaluations == ["clean"]
     assert rows["1.0.6"].reused_from == sources["1.0.6"].id
     assert rows["1.0.6"].growth_mib == 40.0
     assert rows["1.0.2"].reused_from is None and rows["1.0.2"].evaluations == []
+    judge(session, second)
+    assert second.status == JobStatus.FOUND
+    rows = {c.version: c for c in candidates(session, second)}
+    assert (rows["1.0.5"].evaluations, rows["1.0.6"].evaluations) == (
+        ["clean", "clean"], ["leak", "leak"]
+    )  # fmt: skip
     assert second.message is not None
     assert second.message.splitlines() == [
         "first bad is 1.0.6 and last good is 1.0.5, each confirmed by a second evaluation",
@@ -194,7 +206,13 @@ def test_keys_are_computed_lazily_and_reuse_needs_an_earlier_judged_job(session:
         f" (reused from job {first.id})",
         f"verdicts of 1.0.0, 1.0.5, 1.0.6, 1.0.7, 1.0.9 reused from job {first.id}",
     ]
-    assert session.exec(select(Trial).where(Trial.job_id == second.id)).all() == []
+    ran = session.exec(
+        select(Candidate.version, Trial.kind, Trial.evaluation)
+        .join(Trial, col(Trial.candidate_id) == Candidate.id)
+        .where(Trial.job_id == second.id)
+        .order_by(col(Trial.id))
+    ).all()
+    assert ran == [("1.0.5", "run", 2), ("1.0.6", "run", 2)]
 
 
 def test_a_later_job_is_never_a_source(session: Session) -> None:

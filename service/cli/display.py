@@ -197,6 +197,8 @@ def _notes(row: CandidateRow) -> str:
         notes.append(printable(row.resolution_note))
     if row.reused:
         notes.append("verdict reused")
+    if row.contradicted_by_job is not None:
+        notes.append(f"flaky: contradicted by job {row.contradicted_by_job}")
     return escape("; ".join(notes))
 
 

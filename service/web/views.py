@@ -111,6 +111,8 @@ def _cell(c: Candidate, state: str | None, public: JobPublic, reused: bool) -> C
         marks.append("yanked")
     if reused:
         marks.append("reused")
+    if c.contradicted_by_job is not None:
+        marks.append(f"flaky: contradicted by job {c.contradicted_by_job}")
     if not c.testable:
         letter, css, title = "×", "untestable", f"untestable: {c.untestable_reason or ''}"
     elif state == "running":
