@@ -82,8 +82,9 @@ DEFAULT_OUT = REPO / "docs" / "gpu-check.md"
 MIB = 1024 * 1024
 RANGE = "0.1.0..0.1.7"
 EXPECTED_BOUNDARY = ("0.1.4", "0.1.5")
-# One runner: both bounds, binary search, then the boundary pair again (see the fixture).
-EXPECTED_VISITED = ["0.1.0", "0.1.7", "0.1.3", "0.1.5", "0.1.4", "0.1.4", "0.1.5"]
+# One runner: both bounds, binary search, the boundary pair again, then the witness above
+# it (service/planner.py rule 5; see the fixture).
+EXPECTED_VISITED = ["0.1.0", "0.1.7", "0.1.3", "0.1.5", "0.1.4", "0.1.4", "0.1.5", "0.1.6"]
 NOT_LEAK = (Verdict.CLEAN, Verdict.PLATEAU)
 
 

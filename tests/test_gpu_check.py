@@ -57,8 +57,8 @@ def test_fake_run_writes_every_verdict(reachable_tmp: Path, uv_cache: Path) -> N
         assert [line for line in lines if regex.match(line)], (variant, lines)
     bisection = (
         "- `bisection`: PASS: expected found: last good 0.1.4, first bad 0.1.5; visited "
-        "0.1.0, 0.1.7, 0.1.3, 0.1.5, 0.1.4, 0.1.4, 0.1.5; got found: last good 0.1.4, "
-        "first bad 0.1.5; visited 0.1.0, 0.1.7, 0.1.3, 0.1.5, 0.1.4, 0.1.4, 0.1.5"
+        "0.1.0, 0.1.7, 0.1.3, 0.1.5, 0.1.4, 0.1.4, 0.1.5, 0.1.6; got found: last good 0.1.4, "
+        "first bad 0.1.5; visited 0.1.0, 0.1.7, 0.1.3, 0.1.5, 0.1.4, 0.1.4, 0.1.5, 0.1.6"
     )
     assert bisection in md.splitlines()
     assert "| GPUs | FAKE NVML device (4.0 GiB) |" in md

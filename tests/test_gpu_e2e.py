@@ -77,7 +77,7 @@ def test_finds_the_first_leaking_gpu_release(bisection) -> None:
         "0.1.3": "plateau",
         "0.1.4": "plateau",
         "0.1.5": "leak",
-        "0.1.6": None,
+        "0.1.6": "leak",  # the witness above the first bad (service/planner.py rule 5)
         "0.1.7": "leak",
     }
     assert report["dependency_diff"] == [
@@ -100,7 +100,8 @@ def test_trials_visited_and_judged_on_both_series(bisection) -> None:
         "join candidate c on c.id = t.candidate_id where t.kind = 'run' order by t.id"
     ).fetchall()
     visited = [(version, verdict, code, source) for version, verdict, code, source, _ in rows]
-    # Bounds, binary search, then the boundary pair again; every GPU figure per process.
+    # Bounds, binary search, the boundary pair again, then the witness above the first bad
+    # (service/planner.py rule 5); every GPU figure per process.
     assert visited == [
         ("0.1.0", "plateau", 0, "process"),
         ("0.1.7", "leak", 0, "process"),
@@ -109,6 +110,7 @@ def test_trials_visited_and_judged_on_both_series(bisection) -> None:
         ("0.1.4", "plateau", 0, "process"),
         ("0.1.4", "plateau", 0, "process"),
         ("0.1.5", "leak", 0, "process"),
+        ("0.1.6", "leak", 0, "process"),
     ]
     for version, verdict, _, _, analysis in rows:
         series = json.loads(analysis)
@@ -124,4 +126,4 @@ def test_trials_visited_and_judged_on_both_series(bisection) -> None:
     gpu_samples = con.execute(
         "select count(*) from memory_sample where gpu is not null"
     ).fetchone()[0]
-    assert gpu_samples >= 7 * 40
+    assert gpu_samples >= 8 * 40
