@@ -38,9 +38,12 @@ INTROS = {
     "bisection": (
         "Simulated ranges with exact verdicts, so this measures the search alone. Our planner "
         "spends two evaluations on the bounds (a good bound that already leaks, or a bad bound "
-        "that does not, is the most common way a bisection lies) and two on re-running the "
-        "boundary pair; plain binary search spends none on either and so cannot notice a wrong "
-        "bound or a flaky verdict. Slots buy wall time, not trials."
+        "that does not, is the most common way a bisection lies), two on re-running the "
+        "boundary pair and at most one on a witness above the first bad release (a later "
+        "release that does not leak means the range is not monotone, and the report says so); "
+        "plain binary search spends none on any and so cannot notice a wrong bound, a flaky "
+        "verdict or a second transition. Slots buy wall time, not trials. --all-transitions "
+        "maps every transition: every release once, then both sides of each transition again."
     ),
     "envs": (
         "Per candidate, each arm into a fresh directory. `build_env` is what a runner does per "
