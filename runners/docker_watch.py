@@ -7,9 +7,10 @@ the calling thread samples the container's cgroup (`runners.docker_cgroup`) at t
 trial's rate (50 per second for the first 30 s, as `runners.sampler`), and the GPU from
 the agent's own NVML view by the cgroup's host PIDs. It stops at the exit report, when
 the container dies on its own, at the timeout, when killed, or when the trial's early-stop
-rule fires (`runners.earlystop`, looked at every `look_every_s` on the samples so far, as
-the subprocess executor does), then reads the counters once more (the cgroup still
-exists: the entry holds the container open).
+rule fires (the run's `runners.earlystop.EarlyStopper`, looking every `look_every_s` at the
+samples so far, as the subprocess executor does; the execution records its horizon and
+looks), then reads the counters once more (the cgroup still exists: the entry holds the
+container open).
 
 OOM: ``State.OOMKilled`` *or* a positive ``oom_kill`` counter (the flag alone misses
 kills); an exit 137 with neither is a kill (``-9``), not an OOM.
@@ -26,7 +27,7 @@ from typing import Any
 
 from runners.docker_cgroup import ContainerCgroup, Counters, find
 from runners.docker_entry import EXIT_MARKER
-from runners.earlystop import seen_by_samples, should_stop
+from runners.earlystop import EarlyStopper, seen_by_samples
 from runners.executor import Execution, _Output
 from runners.nvml import GpuProbe
 from runners.wire import EarlyStop, Sample
@@ -75,6 +76,7 @@ class Watch:
     samples: list[Sample] = field(default_factory=list)
     gpu_source: str = "unavailable"
     stopped_early: str | None = None  # why the early-stop rule ended the run
+    stopper: EarlyStopper | None = None  # the run's looks (None: no early-stop settings)
 
     def exit_report(self, line: bytes) -> bool:
         text = line.decode("utf-8", "replace").strip()
@@ -148,12 +150,13 @@ def _loop(container: Any, cg: ContainerCgroup | None, args: WatchArgs, w: Watch,
           out: _Output, t0: float) -> bool:
     """Sample until the script ends; True when it ran past its timeout."""
     next_look = 0.0 if args.early_stop is None else args.early_stop.look_every_s
+    w.stopper = None if args.early_stop is None else EarlyStopper(args.early_stop)
     while not w.done.is_set():
         t = time.monotonic() - t0
         if t > args.timeout_s:
             return True
-        if args.early_stop is not None and t >= next_look:
-            next_look = t + args.early_stop.look_every_s
+        if w.stopper is not None and t >= next_look:
+            next_look = t + w.stopper.es.look_every_s
             if _look(w, out, args):
                 break
         if cg is not None:
@@ -176,16 +179,15 @@ def _loop(container: Any, cg: ContainerCgroup | None, args: WatchArgs, w: Watch,
 
 
 def _look(w: Watch, out: _Output, args: WatchArgs) -> bool:
-    """One look of the early-stop rule (as runners/executor.py takes them); True: stop now,
-    and the container is killed as for a timeout."""
-    assert args.early_stop is not None
+    """One look of the run's `EarlyStopper` (as runners/executor.py takes them); True: stop
+    now, and the container is killed as for a timeout."""
+    assert w.stopper is not None
     samples = list(w.samples)
     with out.lock:
         steps = seen_by_samples(out.steps, samples[-1].step if samples else None)
-    reason = should_stop(
-        [s.t for s in samples], [s.rss for s in samples], steps, args.memory_limit_bytes,
-        args.early_stop,
-    )  # fmt: skip
+    reason = w.stopper.look(
+        [s.t for s in samples], [s.rss for s in samples], steps, args.memory_limit_bytes
+    )
     if reason is None:
         return False
     w.stopped_early, w.killed = reason, True
@@ -234,6 +236,7 @@ def watch(container: Any, args: WatchArgs, w: Watch, t0: float) -> Execution:
         oom_kill_count=w.oom_kills,
         cap_notes=notes,
         stopped_early=w.stopped_early,
+        early_stop=None if w.stopper is None else w.stopper.record(),
     )
 
 

@@ -24,10 +24,11 @@ Outcomes:
   script then exits on its own, ``oom_killed`` is True and the script's own
   exit code is kept.)
 * Past ``timeout_s``: the whole tree is SIGKILLed, ``timed_out=True``.
-* Stopped early: with ``early_stop`` the rule of `runners.earlystop` is looked at every
-  ``look_every_s`` while the script runs, over the samples and the step markers they
+* Stopped early: with ``early_stop`` the trial's `runners.earlystop.EarlyStopper` looks
+  every ``look_every_s`` while the script runs, over the samples and the step markers they
   reach (`runners.earlystop.seen_by_samples`); when it fires the tree is ended as for a
-  timeout and ``stopped_early`` says why (``timed_out`` stays False).
+  timeout and ``stopped_early`` says why (``timed_out`` stays False). ``early_stop`` on the
+  `Execution` records its horizon and the leak looks it tested.
 * After the script exits, whatever it left running (double forks, ``setsid``
   daemons, processes in its cgroup) is killed: a trial leaves no processes behind.
   A process that left the trial's memory cgroup is killed on sight. ``cap_notes``
@@ -54,7 +55,7 @@ from typing import IO, Literal
 
 import psutil
 
-from runners.earlystop import seen_by_samples, should_stop
+from runners.earlystop import EarlyStopper, seen_by_samples
 from runners.limits import DEFAULT_PIDS_LIMIT, CapMethod, MemoryCap, default_limit_bytes
 from runners.markers import parse_marker
 from runners.nvml import GpuProbe
@@ -62,7 +63,7 @@ from runners.sampler import Sampler
 from runners.sandbox import allowed_env, become_subreaper, scrub
 from runners.supervise import Outcome, Supervised
 from runners.users import Identity, identities
-from runners.wire import EarlyStop, Sample
+from runners.wire import EarlyStop, EarlyStopRecord, Sample
 
 LOG_TAIL_BYTES = 4096
 STDERR_TAIL_BYTES = 2048
@@ -91,6 +92,7 @@ class Execution:
     error: str | None = None  # the script could not be started (exit_code is then None)
     pids_limit: int | None = None
     stopped_early: str | None = None  # why the early-stop rule ended the trial
+    early_stop: EarlyStopRecord | None = None  # its horizon and looks (None: no settings)
 
 
 class _Tail:
@@ -253,6 +255,7 @@ class _ScriptRun:
         )
         self.timed_out = False
         self.stopped_early: str | None = None
+        self.stopper: EarlyStopper | None = None
         self.t0 = 0.0
         self.duration = 0.0
         self.swept = 0
@@ -295,6 +298,7 @@ class _ScriptRun:
     def wait(self, timeout_s: float, early_stop: EarlyStop | None = None) -> None:
         """Until the script exits, the timeout passes or the early-stop rule fires."""
         deadline = time.monotonic() + timeout_s
+        self.stopper = None if early_stop is None else EarlyStopper(early_stop)
         while True:
             left = deadline - time.monotonic()
             chunk = left if early_stop is None else min(left, early_stop.look_every_s)
@@ -304,21 +308,20 @@ class _ScriptRun:
                 self.timed_out = True
                 self.stop()
                 return
-            assert early_stop is not None
-            reason = self._look(early_stop)
+            reason = self._look()
             if reason is not None:
                 self.stopped_early = reason
                 self.stop()
                 return
 
-    def _look(self, early_stop: EarlyStop) -> str | None:
-        """One look of the early-stop rule at the samples and markers so far."""
+    def _look(self) -> str | None:
+        """One look of the trial's `EarlyStopper` at the samples and markers so far."""
+        assert self.stopper is not None
         samples = list(self.sampler.samples)  # a copy: the sampler thread appends
         steps = seen_by_samples(list(self.out.steps), samples[-1].step if samples else None)
-        return should_stop(
-            [x.t for x in samples], [x.rss for x in samples], steps, self.cap.limit_bytes,
-            early_stop,
-        )  # fmt: skip
+        return self.stopper.look(
+            [x.t for x in samples], [x.rss for x in samples], steps, self.cap.limit_bytes
+        )
 
     def stop(self) -> None:
         """End the tree now (timeout, interrupt) and wait for the supervisor."""
@@ -385,6 +388,7 @@ class _ScriptRun:
             error=outcome.error,
             pids_limit=self.cap.pids_limit or self.pids_limit,
             stopped_early=self.stopped_early,
+            early_stop=None if self.stopper is None else self.stopper.record(),
         )
 
 

@@ -1,20 +1,111 @@
-"""Block floors: the one definition the classifier (service/analysis.py) and the early-stop
-rule (runners/earlystop.py) share. Pure.
+"""The judged part of a run and its block floors: the one definition the classifier
+(service/analysis.py) and the early-stop rule (runners/earlystop.py) share. Pure.
 
-The judged samples are cut into equal-width blocks over x (seconds or steps); a block
-with fewer than `min_block_samples` samples is dropped; each kept block gives its
-position (median x), its floor (`percentile` of its values) and its wide floor (the same
-percentile over the block and its two neighbours: steadier, and blind to a spike that
-swallows a whole block, which is what the drop test needs).
+The judged part (`judged_part`), in this order:
+
+1. Markers. Samples before the first step marker are set-up (imports, model and data
+   loading) and samples more than two typical step durations after the last marker are
+   teardown (evaluation, saving, freeing everything): neither is ever judged. Step numbers
+   are taken as printed unless they ever decrease in time (a counter reset every epoch),
+   then the markers are counted instead (`step_index`).
+2. By steps. With markers, the first max(warmup_steps, ceil(warmup_step_fraction x steps))
+   steps are dropped too (optimizer state, CUDA context, autotuner workspaces); when at
+   least min_blocks judged steps remain, x is the step and the window is the number of
+   judged steps.
+3. By seconds, otherwise, unless `steps_only` (then None: the early-stop rule never judges
+   a run of a job whose runs print markers by seconds). x is the time, over the samples
+   rule 1 kept when the run has markers (from the first marker on), else over all of them,
+   with the first warmup_fraction of their span dropped; `full_span` makes that at least
+   warmup_fraction x full_span (the early-stop rule passes its horizon: what the classifier
+   would drop from a whole run, not a fraction of the part seen so far). Fewer than two
+   samples left: None.
+
+Block floors (`block_floors`): the judged samples are cut into equal-width blocks over x
+(seconds or steps); a block with fewer than `min_block_samples` samples is dropped; each
+kept block gives its position (median x), its floor (`percentile` of its values) and its
+wide floor (the same percentile over the block and its two neighbours: steadier, and blind
+to a spike that swallows a whole block, which is what the drop test needs).
+
+`step_ratio` (the classifier's spread test, also the early-stop rule's) says how much
+better one jump explains the floors than a straight line does.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from typing import Protocol
+from typing import NamedTuple, Protocol
 
 import numpy as np
+
+
+class WarmUp(Protocol):
+    warmup_fraction: float
+    warmup_steps: int
+    warmup_step_fraction: float
+    min_blocks: int
+
+
+class Judged(NamedTuple):
+    """The judged samples: positions (steps or seconds), values, window, and the unit."""
+
+    x: np.ndarray
+    v: np.ndarray
+    window: float
+    per: str  # "step" | "s"
+
+
+def step_index(
+    t: np.ndarray, steps: Sequence[tuple[float, int]]
+) -> tuple[np.ndarray, np.ndarray, float]:
+    """(the step of each sample or -1, which samples lie inside the marked loop, the first
+    marker's time): rule 1 of the module docstring. `steps` must not be empty."""
+    marks = sorted((float(mt), int(ms)) for mt, ms in steps)
+    mt = np.array([m[0] for m in marks])
+    ms = np.array([m[1] for m in marks])
+    if np.any(np.diff(ms) < 0):
+        # Step numbers that go back (a counter reset every epoch, several loops) say
+        # nothing about how much work was done; count markers instead.
+        ms = np.arange(len(ms))
+    idx = np.searchsorted(mt, t, side="right") - 1
+    step = np.where(idx >= 0, ms[np.maximum(idx, 0)], -1)
+    inside = idx >= 0
+    if len(mt) >= 2:
+        typical = float(np.median(np.diff(mt)))
+        inside &= t <= mt[-1] + 2.0 * max(typical, 0.0) + 1e-9
+    return step, inside, float(mt[0])
+
+
+def judged_part(
+    t: np.ndarray,
+    v: np.ndarray,
+    steps: Sequence[tuple[float, int]],
+    s: WarmUp,
+    *,
+    steps_only: bool = False,
+    full_span: float = 0.0,
+) -> Judged | None:
+    """The judged part of a run so far, as the module docstring's rules say; None: nothing
+    to judge (too few samples, or too few judged steps with `steps_only`)."""
+    tt, vv = t, v
+    if steps:
+        step, inside, _ = step_index(t, steps)
+        if inside.any():
+            first, last = int(step[inside].min()), int(step[inside].max())
+            warm = max(s.warmup_steps, math.ceil(s.warmup_step_fraction * (last - first + 1)))
+            judged = inside & (step >= first + warm)
+            n_judged = last - (first + warm) + 1
+            if judged.any() and n_judged >= s.min_blocks:
+                return Judged(step[judged].astype(float), v[judged], float(n_judged), "step")
+        tt, vv = t[inside], v[inside]
+    if steps_only or len(tt) < 2:
+        return None
+    span = max(float(tt[-1] - tt[0]), full_span)
+    judged = tt >= tt[0] + s.warmup_fraction * span
+    x = tt[judged]
+    if len(x) < 2:
+        return None
+    return Judged(x, vv[judged], float(x[-1] - x[0]), "s")
 
 
 def block_floors(
@@ -37,37 +128,20 @@ def block_floors(
     return xs, fs, wide
 
 
-class WarmUp(Protocol):
-    warmup_fraction: float
-    warmup_steps: int
-    warmup_step_fraction: float
-    min_blocks: int
+def step_ratio(x: np.ndarray, y: np.ndarray, slope: float) -> float:
+    """How much better one jump explains the floors than a straight line does.
 
-
-def judged_part(
-    t: np.ndarray, v: np.ndarray, steps: Sequence[tuple[float, int]], s: WarmUp
-) -> tuple[np.ndarray, np.ndarray, float, str] | None:
-    """(x, values, window, "step" | "s") of a run so far after its warm-up, None if empty.
-
-    As the classifier: with markers, samples before the first one and the first
-    max(warmup_steps, ceil(warmup_step_fraction x steps)) steps are dropped, and x is
-    the step; with fewer judged steps than min_blocks, or no markers, the first
-    warmup_fraction of the time is dropped and x is the time.
+    Sum of absolute deviations from the best two-level step (each level at its
+    median) divided by those from the Theil-Sen line. A one-off allocation gives
+    a small ratio; a leak, whose rise is spread over the whole window, a ratio
+    near or above 1.
     """
-    if steps:
-        mt = np.array([m[0] for m in steps], dtype=float)
-        ms = np.array([m[1] for m in steps])
-        if np.any(np.diff(ms) < 0):
-            ms = np.arange(len(ms))  # counters that go back: count markers instead
-        idx = np.searchsorted(mt, t, side="right") - 1
-        step = np.where(idx >= 0, ms[np.maximum(idx, 0)], -1)
-        first, last = int(ms.min()), int(ms.max())
-        warm = max(s.warmup_steps, math.ceil(s.warmup_step_fraction * (last - first + 1)))
-        judged = (idx >= 0) & (step >= first + warm)
-        if judged.any() and last - (first + warm) + 1 >= s.min_blocks:
-            return step[judged].astype(float), v[judged], float(last - (first + warm) + 1), "step"
-    if len(t) < 2:
-        return None
-    judged = t >= t[0] + s.warmup_fraction * (t[-1] - t[0])
-    x = t[judged]
-    return x, v[judged], float(x[-1] - x[0]), "s"
+    line = float(np.abs(y - slope * x - np.median(y - slope * x)).sum())
+    n = len(y)
+    best = math.inf
+    for k in range(2, n - 1):
+        a, b = y[:k], y[k:]
+        best = min(best, float(np.abs(a - np.median(a)).sum() + np.abs(b - np.median(b)).sum()))
+    if line <= 0:
+        return math.inf if best > 0 else 1.0
+    return best / line

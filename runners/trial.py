@@ -195,6 +195,7 @@ def _report(spec: TrialSpec, env: EnvResult, run: Execution) -> TrialReport:
         host_source=run.host_source,
         error=run.error,
         stopped_early=run.stopped_early,
+        early_stop=run.early_stop,
     )
 
 

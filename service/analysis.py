@@ -9,9 +9,13 @@ runs a trend. What separates a leak from everything else is the *floor* of
 the curve: a leak raises it, a checkpoint spike or a GC sawtooth only moves
 the ceiling. So, per series (host and GPU separately):
 
-1. Drop the warm-up: `warmup_fraction` of the run, or, when the script
-   prints step markers, everything before the first marker plus the first
-   `max(warmup_steps, ceil(warmup_step_fraction * steps))` steps.
+1. Keep the judged part (runners/floors.py `judged_part`, the one definition
+   the early-stop rule shares): when the script prints step markers, never what
+   comes before the first marker (set-up: imports, model and data loading) nor
+   the teardown after the last; then drop the first
+   `max(warmup_steps, ceil(warmup_step_fraction * steps))` steps and judge per
+   step, or, with fewer judged steps than `min_blocks`, per second from the first
+   marker on. Without markers, per second after `warmup_fraction` of the run.
 2. Split what is left into `clamp(n // block_samples, min_blocks, max_blocks)`
    blocks of equal width (seconds, or steps when markers exist) and take each
    block's `floor_percentile`: its floor.
@@ -73,7 +77,7 @@ from typing import Any
 
 import numpy as np
 
-from runners.floors import block_floors
+from runners.floors import block_floors, judged_part, step_index, step_ratio
 from service.verdicts import Verdict
 
 MIB = 1024 * 1024
@@ -87,7 +91,8 @@ class ClassifierSettings:
     Fields (default, meaning):
 
     - warmup_fraction (0.2): share of the run dropped at its start when the script
-      prints no step markers (imports, first allocations, allocator warm-up).
+      prints no step markers (imports, first allocations, allocator warm-up); with
+      markers but too few judged steps, share of the part from the first marker on.
     - warmup_steps (2) and warmup_step_fraction (0.05): with step markers, samples
       before the first marker are dropped (set-up), and then the first
       max(warmup_steps, ceil(warmup_step_fraction x steps)) steps. Markers say where
@@ -275,33 +280,6 @@ def _clean_series(
     return tt[order], vv[order]
 
 
-def _step_index(t: np.ndarray, steps: Sequence[tuple[float, int]]) -> tuple[np.ndarray, np.ndarray]:
-    """The step each sample belongs to, or -1 for samples outside the marked loop.
-
-    Step numbers are taken as printed (markers every k steps give per-step slopes
-    all the same) unless they ever decrease in time, in which case the markers'
-    ordinals are used.
-
-    Samples before the first marker are set-up. Samples long after the last marker
-    are teardown (evaluation, saving, freeing everything) and would drag the last
-    floor down, so only those within two typical step durations of it are kept.
-    """
-    marks = sorted((float(mt), int(ms)) for mt, ms in steps)
-    mt = np.array([m[0] for m in marks])
-    ms = np.array([m[1] for m in marks])
-    if np.any(np.diff(ms) < 0):
-        # Step numbers that go back (a counter reset every epoch, several loops) say
-        # nothing about how much work was done; count markers instead.
-        ms = np.arange(len(ms))
-    idx = np.searchsorted(mt, t, side="right") - 1
-    step = np.where(idx >= 0, ms[np.maximum(idx, 0)], -1)
-    valid = idx >= 0
-    if len(mt) >= 2:
-        typical = float(np.median(np.diff(mt)))
-        valid &= t <= mt[-1] + 2.0 * max(typical, 0.0) + 1e-9
-    return step, valid
-
-
 def _floors(
     x: np.ndarray, v: np.ndarray, n_blocks: int, settings: ClassifierSettings
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -333,6 +311,17 @@ def _oom_rise(v: np.ndarray, settings: ClassifierSettings) -> tuple[float, float
     return last - first, first, threshold
 
 
+def _too_few(t: np.ndarray, steps: Sequence[tuple[float, int]]) -> str:
+    """Why a run has no judged part: too few samples, or none after the first marker."""
+    if not steps or not len(t):
+        return f"too few samples to judge: {len(t)}"
+    _, inside, first = step_index(t, steps)
+    return (
+        f"too few samples to judge: {int(inside.sum())} of {len(t)} from the first step "
+        f"marker ({_fmt(first)} s) on; what comes before it is set-up"
+    )
+
+
 def classify_series(
     t: Sequence[float],
     values_bytes: Sequence[float | None],
@@ -344,36 +333,19 @@ def classify_series(
     """Judge one series of memory samples (bytes; None = unknown, dropped).
 
     With `steps` ((t, step) markers) growth is measured per step; with fewer
-    judged steps than `min_blocks` it falls back to per second. `oom_killed` says
+    judged steps than `min_blocks` it falls back to per second, from the first
+    marker on (what comes before it is never judged). `oom_killed` says
     the run was killed by the memory cap: then a floor that rose by the threshold
     is a LEAK even when the run is too short or too irregular for the full test.
     """
     tt, vv = _clean_series(t, values_bytes)
     peak = float(vv.max()) if len(vv) else None
 
-    use_steps = False
-    x, v = tt, vv
-    if steps and len(tt):
-        step, valid = _step_index(tt, steps)
-        if valid.any():
-            first = int(step[valid].min())
-            last = int(step[valid].max())
-            n_steps = last - first + 1
-            warm = max(settings.warmup_steps, math.ceil(settings.warmup_step_fraction * n_steps))
-            judged = valid & (step >= first + warm)
-            if judged.any() and last - (first + warm) + 1 >= settings.min_blocks:
-                use_steps = True
-                x, v = step[judged].astype(float), vv[judged]
-                window = float(last - (first + warm) + 1)
-                unit = "MiB/step"
-    if not use_steps:
-        unit = "MiB/s"
-        if len(tt) < 2:
-            return _insufficient(f"only {len(tt)} samples", unit, len(tt), peak)
-        start = tt[0] + settings.warmup_fraction * (tt[-1] - tt[0])
-        judged = tt >= start
-        x, v = tt[judged], vv[judged]
-        window = float(x[-1] - x[0]) if len(x) else 0.0
+    part = judged_part(tt, vv, steps, settings) if len(tt) else None
+    if part is None:
+        return _insufficient(_too_few(tt, steps), "MiB/s", len(tt), peak)
+    x, v, window = part.x, part.v, part.window
+    unit = f"MiB/{part.per}"
     n = len(v)
 
     if oom_killed:
@@ -396,25 +368,6 @@ def classify_series(
             )
         return verdict
     return _classify_blocks(x, v, window, unit, n, peak, settings)
-
-
-def _step_ratio(x: np.ndarray, y: np.ndarray, slope: float) -> float:
-    """How much better one jump explains the floors than a straight line does.
-
-    Sum of absolute deviations from the best two-level step (each level at its
-    median) divided by those from the Theil-Sen line. A one-off allocation gives
-    a small ratio; a leak, whose rise is spread over the whole window, a ratio
-    near or above 1.
-    """
-    line = float(np.abs(y - slope * x - np.median(y - slope * x)).sum())
-    n = len(y)
-    best = math.inf
-    for k in range(2, n - 1):
-        a, b = y[:k], y[k:]
-        best = min(best, float(np.abs(a - np.median(a)).sum() + np.abs(b - np.median(b)).sum()))
-    if line <= 0:
-        return math.inf if best > 0 else 1.0
-    return best / line
 
 
 def _largest_drop(wide: np.ndarray) -> float:
@@ -484,7 +437,7 @@ def _fit_floors(
     # keeps a large early plateau from passing as a leak.
     rise_span = float(np.median(fx[-n_late:]) - fx[0])
     return dict(
-        step_ratio=_step_ratio(fx, floors, slope),
+        step_ratio=step_ratio(fx, floors, slope),
         drop_mib=_largest_drop(wide),
         slope=slope,
         slope_low=low,

@@ -194,20 +194,26 @@ def _profile(
 def trace(
     scenario: str,
     *,
-    seconds: float = 60,
+    seconds: float | None = None,
     hz: float = 10,
     baseline_mib: float = 500,
     seed: int = 0,
     **params: float,
 ) -> tuple[np.ndarray, np.ndarray]:
-    """One run without step markers: (t in seconds, memory in bytes).
+    """One run without step markers: (t in seconds, memory in bytes); `seconds` long
+    (default 60, or the scenario's CORPUS_SECONDS).
 
     Sampling has a little jitter, as a real sampler's has. `gpu_plateau` imitates
     reserved GPU memory: no start-up ramp, no AR noise, values quantized to the
-    allocator's segment size.
+    allocator's segment size. A CORPUS scenario is `corpus_trace` (its level is set by
+    its import, so `baseline_mib` does not apply; `slow` may be among `params`).
     """
+    if scenario in CORPUS:
+        return corpus_trace(scenario, seconds=seconds, hz=hz, seed=seed, **params)
     if scenario not in SCENARIOS:
-        raise ValueError(f"unknown scenario {scenario!r}; known: {sorted(SCENARIOS)}")
+        known = sorted(SCENARIOS) + sorted(CORPUS)
+        raise ValueError(f"unknown scenario {scenario!r}; known: {known}")
+    seconds = 60.0 if seconds is None else seconds
     p = _params(params)
     rng = np.random.default_rng(seed)
     n = max(int(seconds * hz), 0)
@@ -230,8 +236,8 @@ STEPPED_SCENARIOS = ("flat", "leak", "spikes", "cache")
 def stepped_trace(
     scenario: str = "leak",
     *,
-    steps: int = 40,
-    step_s: float = 0.12,
+    steps: int | None = None,
+    step_s: float | None = None,
     setup_s: float = 1.0,
     hz: float = 10,
     baseline_mib: float = 500,
@@ -241,14 +247,25 @@ def stepped_trace(
 ) -> tuple[np.ndarray, np.ndarray, list[tuple[float, int]]]:
     """A training-loop-like run that prints a marker as each step starts.
 
-    Returns (t, bytes, markers) with markers as (t, step) pairs, steps numbered
-    from 0. Before the first marker the script imports and sets up (memory ramps
-    up to the baseline). Scenarios: `flat`; `leak` (each step keeps
+    `steps` (default 40, or the scenario's CORPUS_STEPS) of `step_s` (default 0.12 s,
+    1 s for a CORPUS scenario). Returns (t, bytes, markers) with markers as (t, step)
+    pairs, steps numbered from 0. Before the first marker the script imports and sets
+    up (memory ramps up to the baseline). Scenarios: `flat`; `leak` (each step keeps
     `leak_mib_per_step`); `spikes` (a checkpoint every 10 steps); `cache` (fills
-    during the first half of the steps). Step durations jitter by ±20 %.
+    during the first half of the steps). Step durations jitter by ±20 %. A CORPUS
+    scenario is `corpus_stepped`: its set-up is its import, so `setup_s`,
+    `baseline_mib` and `leak_mib_per_step` do not apply.
     """
+    if scenario in CORPUS:
+        return corpus_stepped(
+            scenario, steps=steps, step_s=1.0 if step_s is None else step_s, hz=hz, seed=seed,
+            **params,
+        )  # fmt: skip
     if scenario not in STEPPED_SCENARIOS:
-        raise ValueError(f"unknown stepped scenario {scenario!r}; known: {STEPPED_SCENARIOS}")
+        known = [*STEPPED_SCENARIOS, *sorted(CORPUS)]
+        raise ValueError(f"unknown stepped scenario {scenario!r}; known: {known}")
+    steps = 40 if steps is None else steps
+    step_s = 0.12 if step_s is None else step_s
     p = _params(params)
     rng = np.random.default_rng(seed)
     durations = step_s * rng.uniform(0.8, 1.2, steps)
@@ -274,3 +291,227 @@ def stepped_trace(
     mib = baseline_mib + shape + noise + _startup(t, startup, baseline_mib)
     markers = [(float(s), i) for i, s in enumerate(starts)]
     return t, np.round(np.maximum(mib, 0.0) * MIB).astype(np.int64), markers
+
+
+# ------------------------------------------------------------------ realistic corpus
+
+# Shapes real ML packages have (issue #23), every one on top of a heavy import ramp, in
+# both forms: `trace` (no markers: the ramp is the start of the run) and `stepped_trace`
+# (the ramp is the set-up before the first marker). Ground truth as in SCENARIOS.
+CORPUS: dict[str, str] = {
+    "import_ramp": "bounded",
+    "late_threads": "bounded",
+    "jit_warmup": "bounded",
+    "gc_settles": "bounded",
+    "malloc_arenas": "bounded",
+    "mmap_pages": "bounded",
+    "mmap_reclaim": "bounded",
+    "late_release": "bounded",
+    "model_load": "bounded",
+    "ramp_slow_leak": "leak",
+    "ramp_fast_leak": "leak",
+    "ramp_leak_spikes": "leak",
+}
+
+CORPUS_TEXT: dict[str, str] = {
+    "import_ramp": "heavy import ramp (100-500 MiB over 1-10 s), then flat",
+    "late_threads": "thread pool starting late (20-100 MiB at 20-60 % of the run)",
+    "jit_warmup": "JIT/compile warm-up (50-300 MiB, settled by 5-20 % of the run)",
+    "gc_settles": "generational GC: sawtooth whose floor grows 10-60 MiB, then settles",
+    "malloc_arenas": "glibc malloc arenas: 4-16 of 4-16 MiB as threads start",
+    "mmap_pages": "memory-mapped file: 100-400 MiB of pages touched, then kept",
+    "mmap_reclaim": "memory-mapped file, then 30-70 % of its pages reclaimed",
+    "late_release": "allocator returns memory late: 100-300 MiB high, dropped at 60-90 %",
+    "model_load": "model of 200-1000 MiB loaded after the first marker (1-5 s)",
+    "ramp_slow_leak": "slow leak after the import (3 %/min; 0.08 %/step)",
+    "ramp_fast_leak": "fast leak after the import (20 %/min; 0.5 %/step)",
+    "ramp_leak_spikes": "leak (10 %/min; 0.25 %/step) + checkpoint spikes",
+}
+
+# The run length at which the classifier finds every leak of the corpus (and judges its
+# bounded shapes): 5 minutes without markers, 200 steps of about 1 s with them; the slow
+# leak needs 10 minutes or 300 steps (tests/test_synthetic_corpus.py pins the verdicts).
+CORPUS_SECONDS: dict[str, float] = {"ramp_slow_leak": 600.0}
+CORPUS_STEPS: dict[str, int] = {"ramp_slow_leak": 300}
+
+# Each shape's parameters: (low, high), drawn uniformly per seed in this order; an
+# override fixes one (`import_mib=200`). Fractions are of the run after the import (time
+# form) or of its steps (stepped form); leak rates are of the level after the import.
+CORPUS_PARAMS: dict[str, tuple[float, float]] = {
+    "interp_mib": (15.0, 40.0),
+    "import_mib": (100.0, 500.0),
+    "import_s": (1.0, 10.0),
+    "import_chunks": (20.0, 60.0),
+    "threads_mib": (20.0, 100.0),
+    "threads_at": (0.2, 0.6),
+    "threads_s": (0.5, 2.0),
+    "jit_mib": (50.0, 300.0),
+    "jit_end": (0.05, 0.2),
+    "gc_mib": (10.0, 60.0),
+    "gc_end": (0.1, 0.3),
+    "gc_saw_mib": (20.0, 80.0),
+    "gc_period_s": (2.0, 8.0),
+    "arenas": (4.0, 16.0),
+    "arena_mib": (4.0, 16.0),
+    "arenas_end": (0.05, 0.3),
+    "mmap_mib": (100.0, 400.0),
+    "mmap_end": (0.1, 0.25),
+    "reclaim_at": (0.4, 0.9),
+    "reclaim_share": (0.3, 0.7),
+    "late_mib": (100.0, 300.0),
+    "late_burst_end": (0.02, 0.1),
+    "late_drop_at": (0.6, 0.9),
+    "model_mib": (200.0, 1000.0),
+    "model_s": (1.0, 5.0),
+    "model_at": (0.0, 0.05),
+    "slow_per_min": (0.03, 0.03),
+    "fast_per_min": (0.2, 0.2),
+    "spikes_per_min": (0.1, 0.1),
+    "slow_per_step": (0.0008, 0.0008),
+    "fast_per_step": (0.005, 0.005),
+    "spikes_per_step": (0.0025, 0.0025),
+    "spike_mib": (100.0, 300.0),
+    "spike_period_s": (8.0, 15.0),
+    "noise_mib": (3.0, 3.0),
+    "noise_tau_s": (2.0, 2.0),
+}
+
+
+def _draw(overrides: dict[str, float], rng: np.random.Generator) -> dict[str, float]:
+    """Every corpus parameter, drawn in CORPUS_PARAMS order (an override still draws, so
+    fixing one parameter leaves the others as the seed gives them)."""
+    unknown = set(overrides) - set(CORPUS_PARAMS)
+    if unknown:
+        raise TypeError(f"unknown corpus parameters: {sorted(unknown)}")
+    drawn = {k: float(rng.uniform(lo, hi)) for k, (lo, hi) in CORPUS_PARAMS.items()}
+    return {**drawn, **{k: float(v) for k, v in overrides.items()}}
+
+
+def _import_ramp(tau: np.ndarray, p: dict[str, float], rng: np.random.Generator) -> np.ndarray:
+    """MiB imported by work time tau: modules one after another (chunks of random size at
+    random times over import_s, each over its share of the time), not a smooth curve."""
+    n = max(int(p["import_chunks"]), 1)
+    starts = np.sort(rng.uniform(0.0, p["import_s"], n))
+    sizes = rng.dirichlet(np.ones(n)) * p["import_mib"]
+    width = p["import_s"] / n
+    out = np.zeros_like(tau)
+    for at, size in zip(starts, sizes, strict=True):
+        out += size * np.clip((tau - at) / width, 0.0, 1.0)
+    return out
+
+
+def _ease(u: np.ndarray, start: float, end: float) -> np.ndarray:
+    """0 before `start`, 1 after `end`, linear between."""
+    return np.clip((u - start) / max(end - start, 1e-9), 0.0, 1.0)
+
+
+def _bounded_shape(
+    scenario: str, u: np.ndarray, run_s: float, p: dict[str, float], rng: np.random.Generator
+) -> np.ndarray:
+    """A bounded corpus shape (MiB) at run fraction u of a run of `run_s` work seconds."""
+    sec = 1.0 / max(run_s, 1e-9)  # one second as a run fraction
+    zero = np.zeros_like(u)
+    if scenario == "import_ramp":
+        return zero
+    if scenario == "late_threads":
+        return p["threads_mib"] * _ease(u, p["threads_at"], p["threads_at"] + p["threads_s"] * sec)
+    if scenario == "jit_warmup":  # 95 % compiled by jit_end
+        return p["jit_mib"] * (1.0 - np.exp(-3.0 * np.maximum(u, 0.0) / p["jit_end"]))
+    if scenario == "gc_settles":
+        settle = 1.0 - np.exp(-3.0 * np.maximum(u, 0.0) / p["gc_end"])
+        phase = (u / (p["gc_period_s"] * sec)) % 1.0  # garbage piles up, a collection frees it
+        return settle * (p["gc_mib"] + p["gc_saw_mib"] * phase)
+    if scenario == "malloc_arenas":
+        n = max(int(p["arenas"]), 1)
+        born = np.sort(rng.beta(1.0, 2.0, n)) * p["arenas_end"]
+        return sum(p["arena_mib"] * _ease(u, b, b + 2.0 * sec) for b in born) + zero
+    if scenario in ("mmap_pages", "mmap_reclaim"):
+        touched = p["mmap_mib"] * _ease(u, 0.0, p["mmap_end"])
+        if scenario == "mmap_reclaim":
+            at = max(p["reclaim_at"], p["mmap_end"])
+            touched -= p["reclaim_share"] * p["mmap_mib"] * _ease(u, at, at + 2.0 * sec)
+        return touched
+    if scenario == "late_release":
+        high = p["late_mib"] * _ease(u, 0.0, p["late_burst_end"])
+        return high - 0.9 * p["late_mib"] * _ease(u, p["late_drop_at"], p["late_drop_at"] + sec)
+    if scenario == "model_load":
+        return p["model_mib"] * _ease(u, p["model_at"], p["model_at"] + p["model_s"] * sec)
+    raise ValueError(f"unknown corpus scenario {scenario!r}; known: {sorted(CORPUS)}")
+
+
+def _corpus_shape(
+    scenario: str, u: np.ndarray, run_s: float, grown: np.ndarray, tau_run: np.ndarray,
+    p: dict[str, float], rng: np.random.Generator,
+) -> np.ndarray:  # fmt: skip
+    """The shape after the import: bounded, or `grown` (the leak) plus spikes."""
+    if scenario not in ("ramp_slow_leak", "ramp_fast_leak", "ramp_leak_spikes"):
+        return _bounded_shape(scenario, u, run_s, p, rng)
+    if scenario != "ramp_leak_spikes":
+        return grown
+    spikes = {"spike_period_s": p["spike_period_s"], "spike_s": 1.5, "spike_mib": p["spike_mib"]}
+    return grown + _spikes(tau_run, spikes, rng)
+
+
+def _finish(
+    t: np.ndarray, mib: np.ndarray, hz: float, p: dict[str, float], rng: np.random.Generator
+) -> np.ndarray:
+    noise = ar1_noise(len(t), hz, p["noise_mib"], p["noise_tau_s"], rng)
+    return np.round(np.maximum(mib + noise, 0.0) * MIB).astype(np.int64)
+
+
+def corpus_trace(
+    scenario: str, *, seconds: float | None = None, hz: float = 10, seed: int = 0,
+    slow: float = 1.0, **params: float,
+) -> tuple[np.ndarray, np.ndarray]:  # fmt: skip
+    """A corpus run without markers: (t, bytes). `seconds` of work (default CORPUS_SECONDS),
+    the import first; `slow` stretches everything (a loaded machine): it lasts seconds x slow."""
+    if scenario not in CORPUS:
+        raise ValueError(f"unknown corpus scenario {scenario!r}; known: {sorted(CORPUS)}")
+    seconds = CORPUS_SECONDS.get(scenario, 300.0) if seconds is None else seconds
+    rng = np.random.default_rng(seed)
+    p = _draw(params, rng)
+    n = max(int(seconds * slow * hz), 0)
+    t = np.arange(n) / hz + rng.uniform(0.0, 0.2 / hz, n)
+    tau = t / slow
+    level = p["interp_mib"] + p["import_mib"]
+    run_s = max(seconds - p["import_s"], 1e-9)
+    after = np.maximum(tau - p["import_s"], 0.0)
+    rate = {"ramp_slow_leak": "slow_per_min", "ramp_fast_leak": "fast_per_min",
+            "ramp_leak_spikes": "spikes_per_min"}.get(scenario)  # fmt: skip
+    grown = level * p[rate] * after / 60.0 if rate else np.zeros_like(t)
+    shape = _corpus_shape(scenario, after / run_s, run_s, grown, after, p, rng)
+    mib = p["interp_mib"] + _import_ramp(tau, p, rng) + shape
+    return t, _finish(t, mib, hz, p, rng)
+
+
+def corpus_stepped(
+    scenario: str, *, steps: int | None = None, step_s: float = 1.0, hz: float = 10,
+    seed: int = 0, slow: float = 1.0, **params: float,
+) -> tuple[np.ndarray, np.ndarray, list[tuple[float, int]]]:  # fmt: skip
+    """A corpus run that prints a marker as each step starts: (t, bytes, markers); `steps`
+    default CORPUS_STEPS. The import is the set-up before the first marker; steps jitter by
+    ±20 %; `slow` stretches the set-up and every step. What a step leaks shows once it
+    finishes."""
+    if scenario not in CORPUS:
+        raise ValueError(f"unknown corpus scenario {scenario!r}; known: {sorted(CORPUS)}")
+    steps = CORPUS_STEPS.get(scenario, 200) if steps is None else steps
+    rng = np.random.default_rng(seed)
+    p = _draw(params, rng)
+    durations = step_s * rng.uniform(0.8, 1.2, steps)
+    starts = p["import_s"] + np.concatenate([[0.0], np.cumsum(durations)[:-1]])
+    end = p["import_s"] + float(np.sum(durations))
+    n = max(int(end * slow * hz), 0)
+    t = np.arange(n) / hz + rng.uniform(0.0, 0.2 / hz, n)
+    tau = t / slow
+    k = np.searchsorted(starts, tau, side="right") - 1  # the step under way; -1: set-up
+    into = (tau - starts[np.maximum(k, 0)]) / durations[np.maximum(k, 0)]
+    progress = np.where(k >= 0, k + np.clip(into, 0.0, 1.0), 0.0)  # steps done, fractional
+    level = p["interp_mib"] + p["import_mib"]
+    rate = {"ramp_slow_leak": "slow_per_step", "ramp_fast_leak": "fast_per_step",
+            "ramp_leak_spikes": "spikes_per_step"}.get(scenario)  # fmt: skip
+    grown = level * p[rate] * np.maximum(k, 0) if rate else np.zeros_like(t)
+    after = np.maximum(tau - p["import_s"], 0.0)
+    shape = _corpus_shape(scenario, progress / steps, steps * step_s, grown, after, p, rng)
+    mib = p["interp_mib"] + _import_ramp(tau, p, rng) + shape
+    markers = [(float(s * slow), i) for i, s in enumerate(starts)]
+    return t, _finish(t, mib, hz, p, rng), markers

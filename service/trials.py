@@ -52,6 +52,9 @@ def judge(job: Job, report: TrialReport) -> Judgement:
     # How many steps it ran: the early-stop horizon of later trials (service/specs.py).
     analysis["step_count"] = _step_count(report.steps)
     analysis["stopped_early"] = report.stopped_early
+    # The horizon the run was judged against and the leak looks it tested (None: the trial
+    # had no early-stop settings); verdict reuse reads it (service/reuse.py).
+    analysis["early_stop"] = None if report.early_stop is None else report.early_stop.model_dump()
     verdict = run.verdict
     if report.stopped_early and not report.oom_killed:
         # The runner ended it because its rule was sure it leaks (runners/earlystop.py);
