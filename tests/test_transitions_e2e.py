@@ -17,13 +17,18 @@ from typing import Any
 
 import pytest
 from fastapi.testclient import TestClient
+from rich.console import Console
 from sqlmodel import Session
 
+from service import store
 from service.api import create_app
+from service.cli.display import render_report
 from service.db import get_engine
 from service.example.fixture import FixtureSpec, build_fixture
 from service.example.index import serve_index
+from service.markdown import markdown_report
 from service.models import Job
+from service.report import build_report
 from service.settings import Settings
 from tests.test_run_e2e import cli, run_args
 
@@ -119,32 +124,42 @@ def test_the_default_search_says_the_range_is_not_monotone(by_default) -> None:
     ]
 
 
-def test_text_and_markdown_say_it_in_their_first_lines(by_default, uv_cache: Path) -> None:
-    proc, db, home = by_default
+def test_text_and_markdown_say_it_in_their_first_lines(by_default) -> None:
+    """The text report and the Markdown, rendered from the stored job as `bisect-cli report`
+    renders them (in this process: two CLI starts would cost seconds)."""
+    proc, db, _ = by_default
     assert proc.returncode == 0, proc.stderr
-    text = cli(["report", "1", "--database-url", f"sqlite:///{db}"], home, uv_cache)
-    assert text.returncode == 0, text.stderr
-    flat = " ".join(text.stdout.split())  # Rich wraps long lines at the terminal's width
-    assert flat.startswith(
-        " ".join(
-            [
-                "leakyfixture: first bad is 1.0.3, last good is 1.0.2",
-                "first bad is 1.0.3 and last good is 1.0.2, each confirmed by a second evaluation",
-                NOT_MONOTONE,
-                "transitions:",
-                "starts leaking at 1.0.3, after 1.0.2",
-                "stops leaking at one of 1.0.5, 1.0.6, after 1.0.4, not re-run to confirm",
-                "starts leaking at one of 1.0.7, 1.0.8, 1.0.9, after 1.0.6, not re-run to confirm",
-            ]
-        )
-    )
-    md = cli(["report", "1", "--markdown", "--database-url", f"sqlite:///{db}"], home, uv_cache)
-    assert md.returncode == 0, md.stderr
-    assert f"\n**{NOT_MONOTONE}**\n" in md.stdout
+    with Session(get_engine(f"sqlite:///{db}")) as session:
+        job = session.get(Job, 1)
+        assert job is not None
+        report = build_report(job, store.candidates_of(session, job), store.trials_of(session, job))
+    console = Console(record=True, width=200)
+    render_report(console, report, {})
+    assert console.export_text().splitlines()[:7] == [
+        "leakyfixture: first bad is 1.0.3, last good is 1.0.2",
+        "first bad is 1.0.3 and last good is 1.0.2, each confirmed by a second evaluation",
+        NOT_MONOTONE,
+        "transitions:",
+        "  starts leaking at 1.0.3, after 1.0.2",
+        "  stops leaking at one of 1.0.5, 1.0.6, after 1.0.4, not re-run to confirm",
+        "  starts leaking at one of 1.0.7, 1.0.8, 1.0.9, after 1.0.6, not re-run to confirm",
+    ]
+    md = markdown_report(report)
+    assert md.splitlines()[2:9] == [
+        "**first bad 1.0.3, last good 1.0.2, confirmed twice**",
+        "",
+        "Bisected `leakyfixture` over 1.0.0..1.0.9 for the first leaking release: 8 runs of "
+        "the repro script, job 1.",
+        "",
+        "first bad is 1.0.3 and last good is 1.0.2, each confirmed by a second evaluation",
+        "",
+        f"**{NOT_MONOTONE}**",
+    ]
     assert (
         "Transitions:\n\n- starts leaking at 1.0.3, after 1.0.2\n"
         "- stops leaking at one of 1.0.5, 1.0.6, after 1.0.4, not re-run to confirm\n"
-    ) in md.stdout
+        "- starts leaking at one of 1.0.7, 1.0.8, 1.0.9, after 1.0.6, not re-run to confirm\n"
+    ) in md
 
 
 def test_the_page_says_it(by_default, tmp_path: Path) -> None:
