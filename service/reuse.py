@@ -23,9 +23,10 @@ Rules, in code order:
    - each of its deciding runs either ran to its end, or was stopped by the memory-cap
      rule (`CAP_NEAR`: it only stops a run the cap would kill, and an OOM kill with a
      rising floor is a leak in a fresh run too), or was stopped early on a horizon of at
-     least `runners.earlystop.MIN_HORIZON_S` (the trial's analysis["early_stop"]). A run
-     stopped early without that record (every run of the code before it) is too weak:
-     on a short horizon the rule can fire on an import ramp.
+     least `runners.earlystop.MIN_HORIZON_S` (the trial's analysis["early_stop"]), the
+     bound below which the rule itself never takes a leak look. A run stopped early
+     without that record (every run of the code before it) is too weak: on a short
+     horizon the rule fired on import ramps.
    Among those: the most evaluations, then the newest.
 4. Copy (`try_reuse`): the source's verdict as *one* evaluation, with its growth, freeze
    and resolution, and `reused_from` pointing at it. The planner confirms the boundary
@@ -52,7 +53,6 @@ equality, IN, comparisons and a join), so SQLite and Postgres behave the same.
 
 import hashlib
 import json
-import math
 from collections.abc import Sequence
 from dataclasses import asdict
 from typing import Any
@@ -63,7 +63,7 @@ from packaging.version import InvalidVersion, Version
 from sqlalchemy import and_, or_
 from sqlmodel import Session, col, select
 
-from runners import earlystop
+from runners.earlystop import MIN_HORIZON_S
 from service.analysis import ClassifierSettings
 from service.models import Candidate, Job, Trial, TrialKind, TrialStatus
 from service.specs import env_spec
@@ -74,10 +74,8 @@ from service.verdicts import Verdict
 KEY_VERSION = 2
 REUSABLE = frozenset({Verdict.LEAK.value, Verdict.CLEAN.value, Verdict.PLATEAU.value})
 BOUNDED = sorted({Verdict.CLEAN.value, Verdict.PLATEAU.value})
-# How runners/earlystop.py `should_stop` words a stop by the memory-cap rule.
+# How runners/earlystop.py words a stop by the memory-cap rule (`EarlyStopper.look`).
 CAP_NEAR = "the memory cap is near"
-# The shortest horizon on which an early stop is as strong as a whole run (rule 3).
-MIN_HORIZON_S: float = getattr(earlystop, "MIN_HORIZON_S", math.inf)
 
 
 def _version(text: str) -> str:

@@ -1,0 +1,482 @@
+"""Verdict reuse never carries a wrong verdict forward (service/reuse.py), on SQLite and
+Postgres: the key holds --env and the script's name, reuse stays within an owner, weak and
+disputed verdicts are never copied, a copied verdict is one evaluation, a bound failing on a
+copied verdict runs first, and contradictions are marked in both jobs.
+
+The scheduler and the API are real; the runs are not: `settle` finishes each queued run
+trial as a ground truth says (no script runs here; tests/test_reuse_e2e.py runs them).
+"""
+
+import hashlib
+import json
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from fastapi.testclient import TestClient
+from sqlalchemy import text
+from sqlalchemy.engine import Engine
+from sqlmodel import Session, col, select
+
+from runners import earlystop
+from runners.wire import EarlyStop, EnvResult, TrialReport
+from service import reuse
+from service.api import create_app
+from service.db import get_engine, make_engine, upgrade
+from service.models import Candidate, Job, JobStatus, PinState, Trial, TrialKind, TrialStatus
+from service.scheduler import advance
+from service.settings import Settings
+from service.trials import record_report
+from service.verdicts import Verdict
+
+VERSIONS = [f"1.0.{i}" for i in range(10)]
+# One slot: both bounds, binary search stepping over the untestable 1.0.4, confirmation.
+PATH = ["1.0.0", "1.0.9", "1.0.5", "1.0.7", "1.0.6", "1.0.5", "1.0.6"]
+# What runners/earlystop.py's leak rule said when it called an import ramp a leak.
+RAMP_STOP = "floor grew at least 20 MiB over 2 s at 99.55% confidence (threshold 8 MiB)"
+TABLES = "memory_sample, trial, candidate, job, runner"
+
+
+@pytest.fixture(scope="module", params=["sqlite", "postgres"])
+def engine(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Engine]:
+    """One migrated database per kind for the module; `session` empties it for each test."""
+    url = f"sqlite:///{tmp_path_factory.mktemp('reuse') / 'reuse.db'}"
+    if request.param == "postgres":
+        url = request.getfixturevalue("pg_url")
+    upgrade(url)
+    engine = make_engine(url)
+    yield engine
+    engine.dispose()
+
+
+@pytest.fixture
+def session(engine: Engine) -> Iterator[Session]:
+    with engine.begin() as conn:
+        if engine.dialect.name == "postgresql":
+            conn.execute(text(f"TRUNCATE {TABLES} RESTART IDENTITY CASCADE"))
+        else:  # ids restart too: SQLite reuses rowids above the highest left
+            for table in TABLES.split(", "):
+                conn.execute(text(f"DELETE FROM {table}"))
+    with Session(engine) as session:
+        yield session
+
+
+def seed(session: Session, **fields: Any) -> Job:
+    values: dict[str, Any] = {
+        "package": "leakyfixture",
+        "good": VERSIONS[0],
+        "bad": VERSIONS[-1],
+        "script": "pass",
+        "script_sha256": "abc",
+        "constraints": ["leakyfixture==1.0.0"],
+        "attribute": False,
+        **fields,
+    }
+    job = Job(**values)
+    session.add(job)
+    session.flush()
+    for position, version in enumerate(VERSIONS):
+        testable = version != "1.0.4"
+        session.add(Candidate(job_id=job.id, position=position, version=version, testable=testable))
+    session.commit()
+    session.refresh(job)
+    return job
+
+
+def rows(session: Session, job: Job) -> dict[str, Candidate]:
+    query = select(Candidate).where(Candidate.job_id == job.id).order_by(col(Candidate.position))
+    return {c.version: c for c in session.exec(query.execution_options(populate_existing=True))}
+
+
+def ran(session: Session, job: Job) -> list[str]:
+    """The versions of the job's run trials, in the order they were queued."""
+    query = (
+        select(Candidate.version)
+        .join(Trial, col(Trial.candidate_id) == Candidate.id)
+        .where(Trial.job_id == job.id, Trial.kind == TrialKind.RUN)
+        .order_by(col(Trial.id))
+    )
+    return list(session.exec(query))
+
+
+def reused(session: Session, job: Job) -> list[str]:
+    return [v for v, c in rows(session, job).items() if c.reused_from is not None]
+
+
+def leaks(version: str, first_leak: str) -> bool:
+    return tuple(map(int, version.split("."))) >= tuple(map(int, first_leak.split(".")))
+
+
+Analysis = Callable[[bool], dict[str, Any]]
+
+
+def full_run(leaking: bool) -> dict[str, Any]:
+    """A run that went to its end."""
+    return {"growth_mib": 40.0 if leaking else 0.5, "stopped_early": None}
+
+
+def settle(
+    session: Session, job: Job, first_leak: str = "1.0.6", analysis: Analysis = full_run
+) -> None:
+    """Advance `job`, finishing every queued run trial as the ground truth says, until
+    nothing is queued."""
+    advance(session, job, 1)
+    while True:
+        query = select(Trial).where(Trial.job_id == job.id, Trial.status == TrialStatus.QUEUED)
+        queued = list(session.exec(query))
+        if not queued:
+            return
+        for trial in queued:
+            candidate = session.get(Candidate, trial.candidate_id)
+            assert candidate is not None and trial.kind == TrialKind.RUN
+            leaking = leaks(candidate.version, first_leak)
+            trial.status = TrialStatus.DONE
+            trial.verdict = Verdict.LEAK if leaking else Verdict.CLEAN
+            trial.analysis = analysis(leaking) if leaking else full_run(False)
+            session.add(trial)
+        session.commit()
+        advance(session, job, 1)
+
+
+# ----------------------------------------------------------------------------- 1. key
+
+
+def old_key(job: Job, candidate: Candidate) -> str:
+    """The key KEY_VERSION 1 wrote: no --env variables, no script name, repeats in it."""
+    material = reuse.key_material(job, candidate)
+    del material["variables"], material["script_name"]
+    material["v"] = 1
+    material["run"]["repeats"] = job.repeats
+    blob = json.dumps(material, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(blob.encode()).hexdigest()
+
+
+def test_the_key_holds_env_variables_and_old_keys_never_match(session: Session) -> None:
+    plain = seed(session)
+    candidate = rows(session, plain)["1.0.5"]
+    base = reuse.reuse_key(plain, candidate)
+    assert reuse.key_material(plain, candidate)["v"] == reuse.KEY_VERSION == 2
+    for fields in [{"variables": {"LEAK": "1"}}, {"variables": {"PYTHONPATH": "/tmp/fake"}}]:
+        assert reuse.reuse_key(seed(session, **fields), candidate) != base, fields
+    ab = seed(session, variables={"A": "1", "B": "2"})
+    ba = seed(session, variables={"B": "2", "A": "1"})
+    assert reuse.reuse_key(ab, candidate) == reuse.reuse_key(ba, candidate)
+
+    # A job of the old code, its keys as that code wrote them (it held "1.0.0: leak"
+    # from a run with LEAK=1, say): a job of the new code never matches them.
+    old = seed(session, variables={"LEAK": "1"})
+    for row in rows(session, old).values():
+        row.reuse_key = old_key(plain, row)
+        session.add(row)
+    session.commit()
+    settle(session, old, first_leak="1.0.0")
+    assert old.status == JobStatus.BOUNDS_FAILED
+    new = seed(session)
+    advance(session, new, 1)
+    assert (reused(session, new), ran(session, new)) == ([], ["1.0.0"])
+
+
+# --------------------------------------------------------------------------- 3. source
+
+
+def test_reuse_stays_within_an_owner(session: Session) -> None:
+    alice = seed(session, owner="alice")
+    settle(session, alice)
+    assert alice.status == JobStatus.FOUND
+    # Bob's job of the same key, and one with no owner (the open service): nothing of
+    # alice's reaches them; they run their bounds themselves.
+    for owner in ("bob", None):
+        other = seed(session, owner=owner)
+        advance(session, other, 1)
+        assert (reused(session, other), ran(session, other)) == ([], ["1.0.0"]), owner
+        assert other.message is None
+    # Bob's runs disagree with alice's (his runner says nothing leaks): hers stay unmarked.
+    bob = seed(session, owner="bob")
+    settle(session, bob, first_leak="9.9.9")
+    assert bob.message == "bad bound 1.0.9 does not leak (clean): nothing to bisect"
+    assert all(c.contradicted_by_job is None for c in rows(session, alice).values())
+    # Alice's next job reuses hers and names only her job.
+    again = seed(session, owner="alice")
+    advance(session, again, 1)
+    assert reused(session, again) == ["1.0.0", "1.0.5", "1.0.6", "1.0.7", "1.0.9"]
+    ids = [c.reused_from for c in rows(session, again).values() if c.reused_from]
+    query = select(Candidate.job_id).where(col(Candidate.id).in_(ids))
+    assert set(session.exec(query)) == {alice.id}
+    assert again.message == (
+        f"verdicts of 1.0.0, 1.0.5, 1.0.6, 1.0.7, 1.0.9 reused from job {alice.id}"
+    )
+    # An attribution is lent within the owner only.
+    alice.attribution = {"last_good": "1.0.5", "first_bad": "1.0.6", "message": "grows at x"}
+    session.add(alice)
+    session.commit()
+    for job, lender in ((again, alice.id), (bob, None)):
+        good, bad = rows(session, job)["1.0.5"], rows(session, job)["1.0.6"]
+        found = reuse.find_attribution(session, job, good, bad)
+        assert (found.id if found else None) == lender
+
+
+def stopped(horizon_s: float | None, reason: str = RAMP_STOP) -> Analysis:
+    """A leak the early-stop rule called, with the horizon its record gave (None: no
+    record, as every run of the code before it)."""
+
+    def analysis(leaking: bool) -> dict[str, Any]:
+        record = None if horizon_s is None else {"horizon_s": horizon_s, "looks": 1}
+        return {"growth_mib": 20.0, "stopped_early": reason, "early_stop": record}
+
+    return analysis
+
+
+CAP_STOP = f"{reuse.CAP_NEAR}: memory at 470 MiB, 92% of the 512 MiB cap, after the floor rose"
+
+
+@pytest.mark.parametrize(
+    ("analysis", "strong"),
+    [
+        (full_run, True),
+        (stopped(None), False),  # rows of the code before the record
+        (stopped(4.5), False),  # the import-ramp case: half of a 4.5 s horizon
+        (stopped(earlystop.MIN_HORIZON_S - 0.1), False),
+        (stopped(earlystop.MIN_HORIZON_S), True),
+        (stopped(None, CAP_STOP), True),  # the cap would have killed it: an OOM leak
+    ],
+    ids=["ran-to-end", "no-record", "horizon-4.5s", "just-short", "long-horizon", "cap-near"],
+)
+def test_a_leak_stopped_early_on_a_short_horizon_is_not_reused(
+    session: Session, analysis: Analysis, strong: bool
+) -> None:
+    first = seed(session)
+    settle(session, first, analysis=analysis)
+    assert first.status == JobStatus.FOUND
+    second = seed(session)
+    advance(session, second, 1)
+    if strong:
+        assert reused(session, second) == ["1.0.0", "1.0.5", "1.0.6", "1.0.7", "1.0.9"]
+        assert ran(session, second) == ["1.0.5"]  # the boundary pair's confirmation
+    else:
+        # The clean verdicts ran to their end and are copied; every leak runs again.
+        assert reused(session, second) == ["1.0.0"]
+        assert ran(session, second) == ["1.0.9"]
+    settle(session, second)
+    assert second.status == JobStatus.FOUND
+    if not strong:
+        assert ran(session, second) == ["1.0.9", "1.0.7", "1.0.6", "1.0.5", "1.0.6"]
+        assert reused(session, second) == ["1.0.0", "1.0.5"]
+
+
+def test_the_cap_rule_words_its_stop_as_reuse_reads_it() -> None:
+    """runners/earlystop.py's cap rule, on a trace that climbs to its cap."""
+    t = [i * 0.1 for i in range(200)]
+    rss = [(100 + 2 * i) * 1024 * 1024 for i in range(200)]
+    es = EarlyStop(horizon_s=None)
+    stop = earlystop.first_stop(t, rss, [], 320 * 1024 * 1024, es)
+    assert stop is not None and stop[1].startswith(reuse.CAP_NEAR), stop
+
+
+def test_flaky_contradicted_reused_and_fewer_repeat_sources_are_not_reused(
+    session: Session,
+) -> None:
+    first = seed(session)
+    settle(session, first)
+    source = rows(session, first)
+    flaky, contradicted = source["1.0.0"], source["1.0.9"]
+    flaky.evaluations = ["clean", "leak"]
+    contradicted.contradicted_by_job = 99
+    session.add_all([flaky, contradicted])
+    session.commit()
+    second = seed(session)
+    advance(session, second, 1)
+    assert (reused(session, second), ran(session, second)) == ([], ["1.0.0"])
+    # A candidate that is itself a copy is no source: copy the first job's 1.0.5 into
+    # the second, then dispute the original; a third job finds nothing to copy.
+    copy = rows(session, second)["1.0.5"]
+    assert reuse.try_reuse(session, second, copy) and copy.evaluations == ["clean"]
+    assert copy.reused_from == source["1.0.5"].id
+    third = seed(session)
+    reuse.ensure_keys(session, third, list(rows(session, third).values()))
+    assert reuse.find_source(session, third, rows(session, third)["1.0.5"]) == source["1.0.5"]
+    source["1.0.5"].contradicted_by_job = 99
+    session.add(source["1.0.5"])
+    session.commit()
+    assert reuse.find_source(session, third, rows(session, third)["1.0.5"]) is None
+    # Two runs per evaluation asked: one-run verdicts are weaker, none is copied.
+    more = seed(session, repeats=2)
+    advance(session, more, 1)
+    assert (reused(session, more), ran(session, more)) == ([], ["1.0.0", "1.0.0"])
+
+
+# ---------------------------------------------------------------------- 4, 5, 6. copy
+
+
+def test_a_copied_verdict_counts_once_so_the_pair_runs_again(session: Session) -> None:
+    first = seed(session)
+    settle(session, first)
+    second = seed(session)
+    settle(session, second)
+    assert (second.status, ran(session, second)) == (JobStatus.FOUND, ["1.0.5", "1.0.6"])
+    copied = rows(session, second)
+    assert [copied[v].evaluations for v in ("1.0.0", "1.0.5", "1.0.6")] == [
+        ["clean"],
+        ["clean", "clean"],
+        ["leak", "leak"],
+    ]
+
+
+def test_a_bound_failing_on_a_copied_verdict_runs_and_both_jobs_say_flaky(
+    session: Session,
+) -> None:
+    # The poisoned earlier job: its machine made 1.0.0 leak, a full run, strong as any.
+    loaded = seed(session)
+    settle(session, loaded, first_leak="1.0.0")
+    assert (loaded.status, ran(session, loaded)) == (JobStatus.BOUNDS_FAILED, ["1.0.0"])
+    # The next job copies "1.0.0: leak", then runs 1.0.0 itself before failing on it.
+    idle = seed(session)
+    advance(session, idle, 1)
+    assert idle.status == JobStatus.RUNNING
+    assert (reused(session, idle), ran(session, idle)) == (["1.0.0"], ["1.0.0"])
+    settle(session, idle)
+    assert (idle.status, ran(session, idle)) == (JobStatus.INCONCLUSIVE, ["1.0.0"])
+    assert idle.message is not None and idle.message.splitlines() == [
+        "good bound 1.0.0 is flaky: its evaluations disagree (leak, clean)",
+        f"verdict of 1.0.0 reused from job {loaded.id}",
+    ]
+    assert rows(session, idle)["1.0.0"].contradicted_by_job == loaded.id
+    assert rows(session, loaded)["1.0.0"].contradicted_by_job == idle.id
+    assert [v for v, c in rows(session, loaded).items() if c.contradicted_by_job] == ["1.0.0"]
+    # Never a source again: the next job runs its whole search itself.
+    later = seed(session)
+    settle(session, later)
+    assert (later.status, reused(session, later), ran(session, later)) == (
+        JobStatus.FOUND, [], PATH
+    )  # fmt: skip
+
+
+def test_a_bound_failing_on_a_copied_verdict_that_holds_fails_after_one_run(
+    session: Session,
+) -> None:
+    first = seed(session)
+    settle(session, first, first_leak="1.0.0")
+    second = seed(session)
+    settle(session, second, first_leak="1.0.0")
+    assert (second.status, ran(session, second)) == (JobStatus.BOUNDS_FAILED, ["1.0.0"])
+    assert second.message == (
+        f"good bound 1.0.0 leaks: it must not\nverdict of 1.0.0 reused from job {first.id}"
+    )
+    assert rows(session, second)["1.0.0"].evaluations == ["leak", "leak"]
+    assert rows(session, first)["1.0.0"].contradicted_by_job is None
+
+
+def test_a_fresh_job_marks_the_earlier_verdicts_it_contradicts(session: Session) -> None:
+    # Alice's first job called 1.0.3 and 1.0.5 leaks (a loaded machine); bob's agrees.
+    loaded = seed(session, owner="alice")
+    settle(session, loaded, first_leak="1.0.3")
+    bob = seed(session, owner="bob")
+    settle(session, bob, first_leak="1.0.3")
+    assert (loaded.status, (loaded.result or {}).get("first_new")) == (JobStatus.FOUND, "1.0.3")
+    # Her --no-reuse job (or "Bisect again") runs everything and finds 1.0.5 clean.
+    fresh = seed(session, owner="alice", reuse_verdicts=False, repeats=2)
+    settle(session, fresh)
+    assert (fresh.status, reused(session, fresh)) == (JobStatus.FOUND, [])
+    marked = {v: c.contradicted_by_job for v, c in rows(session, loaded).items()}
+    assert {v: j for v, j in marked.items() if j} == {"1.0.5": fresh.id}
+    assert all(c.contradicted_by_job is None for c in rows(session, bob).values())
+    assert all(c.contradicted_by_job is None for c in rows(session, fresh).values())
+
+
+# ------------------------------------------------------------------ the service path
+
+ALICE, BOB, RUNNER = "alice-tok", "bob-tok", "run-tok"
+SCRIPT = "import leakyfixture\nfor _ in range(40):\n    leakyfixture.step()\n"
+
+
+@pytest.fixture
+def service(
+    tmp_path: Path, uv_cache: Path, monkeypatch: pytest.MonkeyPatch
+) -> Iterator[TestClient]:
+    monkeypatch.setenv("UV_CACHE_DIR", str(uv_cache))
+    settings = Settings(
+        database_url=f"sqlite:///{tmp_path / 'service.db'}",
+        data_dir=tmp_path / "data",
+        cache_dir=tmp_path / "cache",
+        reap_interval_s=0,
+        trusted_hosts=["testserver"],
+        allowed_indexes=["127.0.0.1"],
+        api_tokens=f"alice:{ALICE},bob:{BOB}",
+        runner_tokens=RUNNER,
+    )
+    with TestClient(create_app(settings)) as client:
+        yield client
+
+
+def submit(client: TestClient, token: str, index: str, **fields: Any) -> int:
+    body = {"package": "leakyfixture", "range": "1.0.5..1.0.9", "script": SCRIPT,
+            "index_url": index, "attribute": False, **fields}  # fmt: skip
+    response = client.post("/api/v1/jobs", json=body, headers={"Authorization": f"Bearer {token}"})
+    assert response.status_code == 201, response.text
+    return response.json()["id"]
+
+
+def settle_service(client: TestClient, job_id: int, first_leak: str) -> None:
+    """Pins as a runner's resolve trial gives them, then every run as the truth says."""
+    url = client.app.state.settings.effective_database_url  # type: ignore[attr-defined]
+    with Session(get_engine(url)) as session:
+        job = session.get(Job, job_id)
+        assert job is not None
+        if job.pin_state == PinState.PENDING:
+            query = select(Trial).where(Trial.job_id == job_id, Trial.kind == TrialKind.RESOLVE)
+            trial = session.exec(query).one()
+            good = session.get(Candidate, trial.candidate_id)
+            assert good is not None
+            pins = TrialReport(trial_id=trial.id, env=EnvResult(ok=True), pins=[
+                f"leakyfixture=={good.version}"
+            ])  # fmt: skip
+            record_report(session, job, good, trial, pins)
+        settle(session, job, first_leak)
+
+
+def shown(client: TestClient, token: str, job_id: int) -> dict[str, Any]:
+    response = client.get(f"/api/v1/jobs/{job_id}", headers={"Authorization": f"Bearer {token}"})
+    assert response.status_code == 200, response.text
+    return response.json()
+
+
+def test_bobs_jobs_never_answer_alices_and_again_marks_what_it_contradicts(
+    service: TestClient, fixture_index: str
+) -> None:
+    # Bob's job with PYTHONPATH at a fake module, and a plain one: his runs say nothing
+    # leaks, the bad bound included.
+    fake = submit(service, BOB, fixture_index, variables={"PYTHONPATH": "/tmp/fake"})
+    plain = submit(service, BOB, fixture_index)
+    for job_id in (fake, plain):
+        settle_service(service, job_id, first_leak="9.9.9")
+        assert shown(service, BOB, job_id)["status"] == "bounds_failed"
+    # Alice's job of the same script runs its own search: nothing of bob's is copied or named.
+    mine = submit(service, ALICE, fixture_index)
+    answer = shown(service, ALICE, mine)
+    assert answer["status"] == "running"
+    # Her machine was loaded that day: her good bound "leaked". Bob's said clean, and his
+    # 1.0.5 was not copied: she ran it herself.
+    settle_service(service, mine, first_leak="1.0.5")
+    answer = shown(service, ALICE, mine)
+    assert (answer["status"], answer["trials"]) == ("bounds_failed", 1)
+    assert answer["message"] == "good bound 1.0.5 leaks: it must not"
+    assert not any(c["reused"] for c in answer["candidates"])
+    assert f"job {fake}" not in answer["message"] and f"job {plain}" not in answer["message"]
+    # "Bisect again" runs every release afresh; where its runs disagree, her first job
+    # says so: 1.0.5 is flaky, contradicted by the new job.
+    response = service.post(
+        f"/api/v1/jobs/{mine}/again", json={}, headers={"Authorization": f"Bearer {ALICE}"}
+    )
+    assert response.status_code == 201, response.text
+    again = response.json()["id"]
+    settle_service(service, again, first_leak="1.0.6")
+    redo = shown(service, ALICE, again)
+    assert (redo["status"], redo["first_bad"], redo["trials"]) == ("found", "1.0.6", 12)
+    assert not any(c["reused"] for c in redo["candidates"])
+    first = shown(service, ALICE, mine)["candidates"]
+    assert {c["version"]: again for c in first if c["contradicted_by_job"]} == {"1.0.5": again}
+    assert [c["contradicted_by_job"] for c in first if c["version"] == "1.0.5"] == [again]
+    for job_id in (fake, plain):
+        assert not any(c["contradicted_by_job"] for c in shown(service, BOB, job_id)["candidates"])
