@@ -26,8 +26,9 @@ EXPECTED = {
             (f"mix: {G}", "leak"),
         ],
         "releases": [("suite-gamma", "1.0.2", "1.0.3")],
-        # Its bounds are mixes already judged: only the bisection and the confirmation run.
-        "visited": ["1.0.2", "1.0.3", "1.0.2", "1.0.3"],
+        # Its bounds are mixes already judged: only the bisection, the confirmation and the
+        # witness above the first bad (service/planner.py rule 5) run.
+        "visited": ["1.0.2", "1.0.3", "1.0.2", "1.0.3", "1.0.4"],
     },
     "interaction": {
         "message": "leaks only when both suite-beta 2.0.4 and suite-delta 1.1.1 are new",
@@ -37,7 +38,7 @@ EXPECTED = {
             (f"mix: {B}", "clean"), (f"mix: {B}, {D}", "leak"),
         ],
         "releases": [("suite-beta", "2.0.1", "2.0.2"), ("suite-delta", "1.0.2", "1.1.0")],
-        "visited": ["2.0.2", "2.0.1", "2.0.1", "2.0.2"],
+        "visited": ["2.0.2", "2.0.1", "2.0.1", "2.0.2", "2.0.3"],
     },
     "unresolvable": {
         "message": "leaks when suite-gamma 1.0.0 -> 1.0.5 is applied",
@@ -49,7 +50,7 @@ EXPECTED = {
             ("mix: suite-epsilon 2.1.0", "skip"), (f"mix: {G}", "leak"),
         ],
         "releases": [("suite-gamma", "1.0.2", "1.0.3")],
-        "visited": ["1.0.2", "1.0.3", "1.0.2", "1.0.3"],
+        "visited": ["1.0.2", "1.0.3", "1.0.2", "1.0.3", "1.0.4"],
     },
 }  # fmt: skip
 
