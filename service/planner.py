@@ -494,8 +494,9 @@ def plan(
     last_old, first_new = _interval(states, last)
     lo, hi = (1, last - 1) if all_transitions else (last_old + 1, first_new - 1)
     unknowns = [i for i in range(lo, hi + 1) if states[i].kind is _Kind.UNKNOWN]
-    # Default: the unknowns as today (evaluated unjudgeable ones do not cut them);
-    # all transitions: the untested gaps of the whole range.
+    # Default: rank among the interval's unknowns (an evaluated unjudgeable candidate is
+    # stepped over, not a cut); all transitions: the untested gaps of the whole range, cut
+    # by everything evaluated, so each point lands where the map knows least.
     segments = _gaps(candidates, running, lo, hi) if all_transitions else _split(unknowns, running)
     run.extend(_cut(segments, free - len(run)))
     if unknowns or not bounds_known:
