@@ -1,19 +1,18 @@
 """End to end: non-monotone ranges said out loud, --all-transitions, and releases a repro
 cannot run on. Real uv, real child processes, `bisect-cli run --no-attribute`.
 
-Two generated indexes:
-
-- "twice": leakyfixture leaks in 1.0.3-1.0.4 and again from 1.0.7 (no yanked, foreign or
-  pre-release), the shape of a library that turns a leaking default on, off and on again;
-- "new API": the default fixture (first leak 1.0.6), where 1.0.0 and 1.0.7 have no
-  `leakyfixture.new_api()`, which the repro calls before its first step marker.
+One generated index: leakyfixture leaks in 1.0.3-1.0.4 and again from 1.0.7 (no yanked,
+foreign or pre-release), the shape of a library that turns a leaking default on, off and on
+again; and 1.0.1 has no `leakyfixture.new_api()`, which the repro calls before its first
+step marker, so the repro cannot run on 1.0.1: a skip inside a range (stepped around by
+--all-transitions, which visits every release) and a bounds error as a good bound. Each
+real bisection costs seconds per trial, so the scenarios share bisections where they can.
 """
 
 import json
 import sqlite3
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 from fastapi.testclient import TestClient
@@ -57,16 +56,17 @@ def twice_index(reachable_dir: Callable[[str], Path]) -> Iterator[str]:
         yanked={},
         foreign_only=None,
         prerelease=None,
+        lacks_new_api=("1.0.1",),
     )
     with serve_index(build_fixture(reachable_dir("twice-wheels"), spec)) as url:
         yield url
 
 
 @pytest.fixture(scope="module")
-def new_api_index(reachable_dir: Callable[[str], Path]) -> Iterator[str]:
-    spec = FixtureSpec(lacks_new_api=("1.0.0", "1.0.7"))
-    with serve_index(build_fixture(reachable_dir("new-api-wheels"), spec)) as url:
-        yield url
+def repro(reachable_dir: Callable[[str], Path]) -> Path:
+    script = reachable_dir("twice-repro") / "repro.py"
+    script.write_text(NEW_API_REPRO)
+    return script
 
 
 def visited(db: Path) -> list[tuple[str, str]]:
@@ -77,19 +77,19 @@ def visited(db: Path) -> list[tuple[str, str]]:
         ).fetchall()
 
 
-def bisect(home: Path, uv_cache: Path, range_: str, index: str, *extra: str, **kw: Any):
+def bisect(home: Path, uv_cache: Path, range_: str, index: str, script: Path, *extra: str):
     db = home / "results.db"
-    proc = cli(run_args(range_, index, db, "--no-attribute", *extra, **kw), home, uv_cache)
-    return proc, db
+    args = run_args(range_, index, db, "--no-attribute", *extra, script=script)
+    return cli(args, home, uv_cache), db
 
 
 # --- a non-monotone range, by default --------------------------------------------------------
 
 
 @pytest.fixture(scope="module")
-def by_default(reachable_dir: Callable[[str], Path], twice_index: str, uv_cache: Path):
+def by_default(reachable_dir: Callable[[str], Path], twice_index: str, repro: Path, uv_cache: Path):
     home = reachable_dir("twice-default")
-    proc, db = bisect(home, uv_cache, "1.0.0..1.0.9", twice_index)
+    proc, db = bisect(home, uv_cache, "1.0.0..1.0.9", twice_index, repro)
     return proc, db, home
 
 
@@ -182,20 +182,21 @@ def test_the_page_says_it(by_default, tmp_path: Path) -> None:
 # --- --all-transitions ----------------------------------------------------------------------
 
 
-def test_all_transitions_maps_the_range(
-    reachable_dir: Callable[[str], Path], twice_index: str, uv_cache: Path
+def test_all_transitions_maps_the_range_around_a_release_it_cannot_run(
+    reachable_dir: Callable[[str], Path], twice_index: str, repro: Path, uv_cache: Path
 ) -> None:
     # Two trials at a time (--jobs 2): the order then depends on which finishes first, but
     # what runs does not: every release once, then both sides of each of the three
-    # transitions once more, 10 + 2 x 3 runs (service/planner.py, rules 3 and 4).
+    # transitions once more, 10 + 2 x 3 runs (service/planner.py, rules 3 and 4). 1.0.1
+    # crashes on import before its first step marker: a skip, run once, stepped around.
     proc, db = bisect(reachable_dir("twice-all"), uv_cache, "1.0.0..1.0.9", twice_index,
-                      "--all-transitions", "--jobs", "2")  # fmt: skip
+                      repro, "--all-transitions", "--jobs", "2")  # fmt: skip
     assert proc.returncode == 0, proc.stderr
     report = json.loads(proc.stdout)
-    leaking = {"1.0.3", "1.0.4", "1.0.7", "1.0.8", "1.0.9"}
+    leaking = ["1.0.3", "1.0.4", "1.0.7", "1.0.8", "1.0.9"]
+    verdict = {"1.0.1": "skip"} | dict.fromkeys(leaking, "leak")
     twice = ["1.0.2", "1.0.3", "1.0.4", "1.0.5", "1.0.6", "1.0.7"]
-    expected = [(f"1.0.{i}", "leak" if f"1.0.{i}" in leaking else "clean") for i in range(10)]
-    expected += [(v, "leak" if v in leaking else "clean") for v in twice]
+    expected = [(v, verdict.get(v, "clean")) for v in [f"1.0.{i}" for i in range(10)] + twice]
     ran = visited(db)
     assert sorted(ran) == sorted(expected)
     assert ran[:2] == [("1.0.0", "clean"), ("1.0.9", "leak")]  # the bounds first
@@ -214,54 +215,28 @@ def test_all_transitions_maps_the_range(
     assert report["not_monotone"] == (
         "not monotone: 1.0.3 and 1.0.4 leak, 1.0.5 and 1.0.6 do not, 1.0.7 to 1.0.9 leak again"
     )
-
-
-# --- a release the repro cannot run on ---------------------------------------------------------
-
-
-def test_an_interior_release_the_repro_cannot_run_on_is_stepped_around(
-    reachable_dir: Callable[[str], Path], new_api_index: str, uv_cache: Path
-) -> None:
-    home = reachable_dir("new-api-interior")
-    script = home / "repro.py"
-    script.write_text(NEW_API_REPRO)
-    proc, db = bisect(home, uv_cache, "1.0.5..1.0.9", new_api_index, script=script)
-    assert proc.returncode == 0, proc.stderr
-    report = json.loads(proc.stdout)
-    assert (report["status"], report["last_good"], report["first_bad"]) == (
-        "found",
-        "1.0.5",
-        "1.0.6",
-    )
-    # 1.0.7, the middle of 1.0.6-1.0.8, crashes on import: a skip (never a leak, though it
-    # is above the first bad); the search steps to 1.0.6. 1.0.7 sits where the witness
-    # would go: no extra run.
-    assert visited(db) == [
-        ("1.0.5", "clean"), ("1.0.9", "leak"), ("1.0.7", "skip"), ("1.0.6", "leak"),
-        ("1.0.5", "clean"), ("1.0.6", "leak"),
-    ]  # fmt: skip
-    row = next(c for c in report["candidates"] if c["version"] == "1.0.7")
+    # Never blamed: a skip that says why, in the JSON's candidates and the skipped list.
+    row = next(c for c in report["candidates"] if c["version"] == "1.0.1")
     assert (row["verdict"], row["error"]) == ("skip", MISSING)
-    assert report["skipped"] == ["1.0.7"]
-    assert report["not_monotone"] is None
+    assert report["skipped"] == ["1.0.1"]
+
+
+# --- a bound the repro cannot run on ---------------------------------------------------------
 
 
 def test_a_bound_the_repro_cannot_run_on_is_one_clear_line(
-    reachable_dir: Callable[[str], Path], new_api_index: str, uv_cache: Path
+    reachable_dir: Callable[[str], Path], twice_index: str, repro: Path, uv_cache: Path
 ) -> None:
-    home = reachable_dir("new-api-bound")
-    script = home / "repro.py"
-    script.write_text(NEW_API_REPRO)
-    proc, db = bisect(home, uv_cache, "1.0.0..1.0.9", new_api_index, script=script)
+    proc, db = bisect(reachable_dir("twice-bound"), uv_cache, "1.0.1..1.0.9", twice_index, repro)
     assert proc.returncode == 1, proc.stderr  # error: a bound that cannot be tested
     report = json.loads(proc.stdout)
     assert report["status"] == "error"
     assert report["message"].splitlines() == [
-        f"good bound 1.0.0 cannot be tested: the repro cannot run on it ({MISSING})",
+        f"good bound 1.0.1 cannot be tested: the repro cannot run on it ({MISSING})",
         "hint: this release of leakyfixture has no new_api, which the repro uses: start the "
         "range at a release that has it",
     ]
-    assert visited(db) == [("1.0.0", "skip")]
+    assert visited(db) == [("1.0.1", "skip")]
     run = report["evidence"][0]["runs"][0]
     assert (run["verdict"], run["exit_code"], run["error"]) == ("skip", 1, MISSING)
 
