@@ -21,7 +21,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 
 import psutil
@@ -60,6 +60,14 @@ class Neighbour:
 
     what: str
     pids: list[int] = field(default_factory=list)
+
+    def cpu_s(self) -> float:
+        """CPU seconds its processes have used so far: how real the load was."""
+        total = 0.0
+        for pid in self.pids:
+            with suppress(psutil.NoSuchProcess):
+                total += sum(psutil.Process(pid).cpu_times()[:2])
+        return total
 
 
 def _start(code: str, *args: str) -> subprocess.Popen[str]:

@@ -12,7 +12,7 @@ something if it holds on a loaded machine. Three conditions (bench/hogs.py):
 Measured under each: `bisect-cli run --no-attribute` (a fresh database, the environments
 of a first, uncounted run reused, so wall time is the search alone) of the offline
 fixture (leakyfixture 1.0.0..1.0.9, first bad 1.0.6) and of the two real-package-shaped
-packages of `service.example.realistic` (heavyfixture 2.0.0..2.0.4, first bad 2.0.2;
+packages of `service.example.realistic` (heavyfixture 2.0.0..2.0.4, first bad 2.0.3;
 ckptfixture 0.11.8..0.11.12, first bad 0.11.9; both import numpy and scipy and write
 200 MiB before the repro's first marker), served with --find-links beside uv's default
 index; and every script of `service.example.shapes` once, judged as a runner would

@@ -1,4 +1,4 @@
-"""Repro for ckptfixture: save a small tree of arrays 40 times, a marker each.
+"""Repro for ckptfixture: save a small tree of arrays 30 times, a marker each.
 
 The shape of the mission's orbax report: a CheckpointManager saving a pytree every step.
 Importing ckptfixture takes seconds and a few hundred MiB, all before the first marker.
@@ -13,7 +13,7 @@ import ckptfixture
 import numpy as np
 
 text = os.environ.get("LEAKBISECT_STEPS", "")
-steps = int(text) if text.isdigit() and int(text) > 0 else 40
+steps = int(text) if text.isdigit() and int(text) > 0 else 30
 tree = {"params": np.ones((512, 512)), "opt_state": np.zeros((512, 512))}  # 4 MiB
 with tempfile.TemporaryDirectory() as directory:
     manager = ckptfixture.CheckpointManager(directory)

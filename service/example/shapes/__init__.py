@@ -81,7 +81,8 @@ class ShapeRun:
     # it runs to its end.
     early_stop: tuple[float, str] | None
     # The same with the short-horizon bound lifted (`EarlyStopper(min_horizon_s=0)`): what
-    # the leak rule itself does on this shape, as if the run were long enough to stop.
+    # the leak rule itself does on this shape, as if the run were long enough to stop. On a
+    # run of seconds it is noisy (few samples a step), which is why the bound exists.
     rule_stop: tuple[float, str] | None
     exit_code: int | None
     duration_s: float
