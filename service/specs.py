@@ -10,11 +10,12 @@ Early stopping (runners/earlystop.py) needs the trial's horizon: how long a tria
 this job runs when nothing stops it. `horizon` takes it from the job's trials that ran
 to their end (finished, exit 0, not stopped early): the longest duration and the
 largest step count. Until one has, the horizon is unknown and only the cap rule can
-stop a trial. The planner runs both bounds first: with one slot (`bisect-cli run`
-with --jobs 1, or a single runner) the good bound runs first, clean, to its end, and
-gives the horizon to every later trial, the bad bound included; with more slots the
-bounds run at once and neither has a horizon (both run to their end unless the cap is
-near), and the trials queued after them get one.
+stop a trial; so it is while the horizon has no steps or lasted under
+`runners.earlystop.MIN_HORIZON_S` (rule 2 there). The planner runs both bounds first:
+with one slot (`bisect-cli run` with --jobs 1, or a single runner) the good bound runs
+first, clean, to its end, and gives the horizon to every later trial, the bad bound
+included; with more slots the bounds run at once and neither has a horizon (both run to
+their end unless the cap is near), and the trials queued after them get one.
 """
 
 import math
@@ -122,7 +123,8 @@ def early_stop(job: Job, trials: Sequence[Trial]) -> EarlyStop | None:
 
 
 def look_every(seconds: float | None) -> float:
-    """Twenty looks or more over a short horizon (the 2 s fixture), every 5 s over a long one."""
+    """Twenty looks or more over a short horizon (the 2 s fixture: only the cap rule looks
+    there), every 5 s over a long one."""
     return 5.0 if seconds is None else min(5.0, max(0.1, seconds / 20))
 
 

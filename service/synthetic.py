@@ -13,6 +13,19 @@ markers (judged per step).
 Every parameter a scenario reads can be overridden through `**params`; the
 defaults are listed in `DEFAULTS`. Unknown parameters are rejected so a typo
 in a benchmark cannot silently fall back to a default.
+
+The realistic corpus (`CORPUS`, with `CORPUS_TEXT`): the shapes real ML packages
+have, each on top of a heavy import ramp (100-500 MiB over 1-10 s, module after
+module), in both forms: `corpus_trace` (no markers: the import opens the run) and
+`corpus_stepped` (the import is the set-up before the first marker); `trace` and
+`stepped_trace` take these names too. Bounded: the import alone, a thread pool
+starting late, JIT warm-up, a generational GC that grows and settles, glibc malloc
+arenas growing with threads, memory-mapped pages touched then kept (or partly
+reclaimed), an allocator returning memory late, a model loaded after the first
+marker; leaks: slow, fast and with checkpoint spikes, each after the import. Every
+size, duration and moment is drawn per seed from `CORPUS_PARAMS` (an override fixes
+one); `slow` stretches a run as a loaded machine does. `CORPUS_SECONDS` and
+`CORPUS_STEPS` are the run lengths at which every leak is found.
 """
 
 from __future__ import annotations

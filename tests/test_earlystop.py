@@ -254,33 +254,33 @@ def test_a_live_look_sees_only_the_markers_its_samples_reach() -> None:
 
 
 LIVE_REPRO = """\
-import time
+import os, time
 keep = []
 time.sleep(0.5)  # set-up
-for step in range(80):
+for step in range(int(os.environ.get("STEPS", "150"))):
     print(f"::leakbisect-step:: {step}", flush=True)
     keep.append(bytearray(4 * 1024 * 1024))  # 4 MiB a step, touched
-    time.sleep(0.05)
+    time.sleep(0.03)
 """
 
 
 def test_a_live_run_reports_its_looks_and_the_service_stores_them(
     trial_dir: Path, trial_python: str
 ) -> None:
-    """A real child process under the local executor: the horizon says 80 steps and 60 s,
+    """A real child process under the local executor: the horizon says 150 steps and 60 s,
     the script leaks 4 MiB a step. It is stopped once half its steps are printed, the
     record carries the horizon and the looks tested, and the report and the stored
     analysis carry the record."""
     script = trial_dir / "repro.py"
     script.write_text(textwrap.dedent(LIVE_REPRO))
-    es = EarlyStop(horizon_s=60.0, horizon_steps=80, look_every_s=0.25)
+    es = EarlyStop(horizon_s=60.0, horizon_steps=150, look_every_s=0.25)
     ex = run_script(trial_python, script, cwd=trial_dir, timeout_s=60,
                     memory_limit_bytes=2048 * MIB, early_stop=es)  # fmt: skip
     assert ex.stopped_early is not None and ex.stopped_early.startswith("floor grew"), ex
     assert ex.early_stop is not None
-    assert (ex.early_stop.horizon_s, ex.early_stop.horizon_steps) == (60.0, 80)
+    assert (ex.early_stop.horizon_s, ex.early_stop.horizon_steps) == (60.0, 150)
     assert 1 <= ex.early_stop.looks <= max_looks(es)
-    assert 40 <= max(s for _, s in ex.steps) < 79
+    assert 75 <= max(s for _, s in ex.steps) < 149
     spec = TrialSpec.model_validate(
         {"trial_id": 7, "env": {"package": "x", "version": "1"}, "script": LIVE_REPRO,
          "early_stop": es.model_dump()}
@@ -290,9 +290,10 @@ def test_a_live_run_reports_its_looks_and_the_service_stores_them(
     verdict, analysis = judge(SimpleNamespace(classifier={}), report)  # type: ignore[arg-type]
     assert verdict is Verdict.LEAK
     assert analysis["early_stop"] == ex.early_stop.model_dump()
-    # Without early-stop settings the run goes to its end and records nothing.
+    # Without early-stop settings a run goes to its end and records nothing.
+    env = {"PATH": "/usr/bin:/bin", "HOME": str(trial_dir), "STEPS": "5"}
     ex = run_script(trial_python, script, cwd=trial_dir, timeout_s=60,
-                    memory_limit_bytes=2048 * MIB)  # fmt: skip
+                    memory_limit_bytes=2048 * MIB, env=env)  # fmt: skip
     assert (ex.exit_code, ex.stopped_early, ex.early_stop) == (0, None, None)
     assert judge(SimpleNamespace(classifier={}),  # type: ignore[arg-type]
                  _report(spec, EnvResult(ok=True), ex))[1]["early_stop"] is None  # fmt: skip
