@@ -266,6 +266,7 @@ class DockerExecutor:
             self.settings, spec.trial_id, spec.attempt, python=python, script_name=name,
             memory_limit_bytes=limit, variables=spec.variables,
             gpu_uuids=self._gpu_uuids() if spec.requires_gpu else None, tracer=tracer,
+            stop=tracing.stop_args(spec.trace_stop),
         )  # fmt: skip
         kwargs.pop("detach")
         container = self.client.containers.create(**kwargs)

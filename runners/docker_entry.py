@@ -4,7 +4,8 @@
     python -m runners.docker_entry resolve ENV_ROOT SPEC_JSON   (build phase)
     python -m runners.docker_entry commits ENV_ROOT RANGE_JSON  (build phase, host network)
     python -m runners.docker_entry run PYTHON SCRIPT            (run phase, no network)
-    python -m runners.docker_entry run PYTHON SCRIPT TRACER     (run phase, attribute trial)
+    python -m runners.docker_entry run PYTHON SCRIPT TRACER [MARKERS SECONDS]
+                                                                (run phase, attribute trial)
 
 ``build`` builds (or reuses) the candidate's environment under ENV_ROOT with uv
 (`runners.envs.build_env`) and prints the `EnvResult` as one JSON line on stdout; uv's
@@ -17,8 +18,10 @@ up to `HOLD_S` seconds for the agent to stop the container: the agent reads the 
 ``oom_kill`` counter while the cgroup still exists (it is removed with the container, and
 ``State.OOMKilled`` alone is unreliable).
 
-With TRACER (``tracemalloc`` or ``memray``: an attribute trial) ``run`` runs
-``PYTHON HELPER TRACER PROFILE SCRIPT`` instead, where HELPER (`runners.tracing.HELPER_NAME`,
+With TRACER (``memray`` or ``tracemalloc``: an attribute trial) ``run`` runs
+``PYTHON HELPER TRACER PROFILE SCRIPT [MARKERS SECONDS]`` instead (the helper ends the
+traced run itself at MARKERS step markers or SECONDS: `runners.tracing.stop_args`),
+where HELPER (`runners.tracing.HELPER_NAME`,
 the agent's copy of `runners/tracehelper.py`) and PROFILE (`runners.tracing.PROFILE_NAME`,
 which the helper writes) are in the script's directory; the agent copies PROFILE out of
 the stopped container.
@@ -36,7 +39,7 @@ from pathlib import Path
 EXIT_MARKER = "::leakbisect-exit::"
 HOLD_S = 30.0
 # `runners.wire.TRACERS`, spelled out: the run phase stays off pydantic until it traces.
-TRACERS = ("tracemalloc", "memray")
+TRACERS = ("memray", "tracemalloc")
 
 
 def _build(kind: str, env_root: str, spec_json: str) -> int:
@@ -72,13 +75,13 @@ def _build(kind: str, env_root: str, spec_json: str) -> int:
     return 0
 
 
-def _run(python: str, script: str, tracer: str | None = None) -> int:
+def _run(python: str, script: str, tracer: str | None = None, stop: list[str] | None = None) -> int:
     command = [python, script]
     if tracer is not None:
         from runners import tracing
 
         work = Path(script).parent
-        args = tracing.helper_args(tracer, work / tracing.PROFILE_NAME, Path(script))
+        args = tracing.helper_args(tracer, work / tracing.PROFILE_NAME, Path(script), stop or [])
         command = [python, str(work / tracing.HELPER_NAME), *args]
     child = subprocess.Popen(command, cwd=str(Path(script).parent))
 
@@ -99,8 +102,8 @@ def main(argv: list[str]) -> int:
         return _build(argv[0], argv[1], argv[2])
     if len(argv) == 3 and argv[0] == "run":
         return _run(argv[1], argv[2])
-    if len(argv) == 4 and argv[0] == "run" and argv[3] in TRACERS:
-        return _run(argv[1], argv[2], argv[3])
+    if len(argv) in (4, 6) and argv[0] == "run" and argv[3] in TRACERS:
+        return _run(argv[1], argv[2], argv[3], argv[4:])
     print(__doc__, file=sys.stderr)
     return 2
 

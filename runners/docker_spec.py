@@ -14,7 +14,8 @@ A trial is two containers of the runner image, both labelled with the runner and
   job's memory cap as ``mem_limit`` with ``memswap_limit`` equal to it (no swap to hide a
   leak in). A GPU trial gets exactly its GPU:
   ``DeviceRequest(device_ids=[uuid], capabilities=[["gpu", "compute", "utility"]])``.
-  An attribute trial's ``run`` names its tracer (``run PYTHON SCRIPT TRACER``).
+  An attribute trial's ``run`` names its tracer and when it stops
+  (``run PYTHON SCRIPT TRACER [MARKERS SECONDS]``).
 
 The script's environment is `runners.sandbox.allowed_env` computed for the container
 (its PATH, locale, the mounted CA bundle): never a ``BISECT_*`` variable, never a token.
@@ -23,6 +24,7 @@ The script's environment is `runners.sandbox.allowed_env` computed for the conta
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -167,16 +169,18 @@ def run_kwargs(
     variables: dict[str, str],
     gpu_uuids: list[str] | None = None,
     tracer: str | None = None,
+    stop: Sequence[str] = (),
 ) -> dict[str, Any]:
     """The run-phase container: no network, capped, unprivileged, read-only root; with
-    `tracer`, the script runs under it (an attribute trial)."""
+    `tracer`, the script runs under it (an attribute trial) until `stop`
+    (`runners.tracing.stop_args`)."""
     from docker.types import DeviceRequest, Mount
 
     script = f"{WORK}/{script_name}"
     command = [ENTRY_PYTHON, "-m", "runners.docker_entry", "run", python, script]
     kwargs: dict[str, Any] = {
         "image": settings.image,
-        "command": [*command, tracer] if tracer else command,
+        "command": [*command, tracer, *stop] if tracer else command,
         "user": f"{TRIAL_UID}:{TRIAL_UID}",
         "network_mode": "none",
         "environment": script_env(settings, variables),

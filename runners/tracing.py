@@ -5,15 +5,18 @@ sampler and sandbox as any run. The helper is copied into the trial's private di
 beside the script (the trial's interpreter cannot import leakbisect); memray is added to
 the trial's environment only (a separate environment, never the user's), and when it
 does not install the trial still ends, with the reason as its profile's ``error``.
+`TrialSpec.trace_stop` reaches the helper as its ``MARKERS SECONDS`` arguments
+(`stop_args`): the helper ends the traced run itself and still writes its profile.
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from runners.wire import EnvResult, EnvSpec, Tracer, TrialSpec
+from runners.wire import EnvResult, EnvSpec, Tracer, TraceStop, TrialSpec
 
 MEMRAY_REQUIREMENT = "memray"
 HELPER_NAME = ".leakbisect-trace.py"
@@ -25,9 +28,18 @@ def helper_source() -> str:
     return (Path(__file__).parent / "tracehelper.py").read_text()
 
 
-def helper_args(tracer: Tracer, profile: Path, script: Path) -> list[str]:
-    """What follows the helper on the command line: ``TRACER OUT SCRIPT``."""
-    return [tracer, str(profile), str(script)]
+def helper_args(
+    tracer: Tracer | str, profile: Path, script: Path, stop: Sequence[str] = ()
+) -> list[str]:
+    """What follows the helper on the command line: ``TRACER OUT SCRIPT [MARKERS SECONDS]``."""
+    return [tracer, str(profile), str(script), *stop]
+
+
+def stop_args(stop: TraceStop | None) -> list[str]:
+    """``MARKERS SECONDS`` for the helper (0: no such limit); [] when nothing stops it."""
+    if stop is None or (stop.markers is None and stop.seconds is None):
+        return []
+    return [str(stop.markers or 0), repr(float(stop.seconds or 0))]
 
 
 def tracer_of(spec: TrialSpec) -> Tracer | None:

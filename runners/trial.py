@@ -17,9 +17,10 @@ process group.
   `MAX_REPORT_SAMPLES` samples (`runners.series.downsample`: min and max per time
   bucket) and ``samples_taken`` says how many were taken.
 * ``"attribute"``: as ``"run"``, with the script under the allocation tracer
-  `TrialSpec.trace` (`runners.tracing`: memray is added to the environment for it) and
-  the tracer's profile in `TrialReport.attribution`; memray that does not install is
-  the profile's ``error``, not a failed trial.
+  `TrialSpec.trace` (`runners.tracing`: memray is added to the environment for it),
+  which ends the run itself at `TrialSpec.trace_stop`, and the tracer's profile in
+  `TrialReport.attribution`; memray that does not install is the profile's ``error``,
+  not a failed trial.
 * ``"resolve"``: no script; `runners.envs.resolve_pins` (``uv pip compile``, sandboxed as
   any build) and a report with ``pins``, or ``env.ok=False`` and ``env.error`` when the
   requirements cannot be resolved.
@@ -153,7 +154,8 @@ def _run(
             command = work / tracing.HELPER_NAME
             command.write_text(tracing.helper_source())
             give(command, trial_user)
-            args = tracing.helper_args(tracer, work / tracing.PROFILE_NAME, script)
+            args = tracing.helper_args(tracer, work / tracing.PROFILE_NAME, script,
+                                       tracing.stop_args(spec.trace_stop))  # fmt: skip
         run = run_script(
             python,
             command,

@@ -32,8 +32,9 @@ MAX_SAMPLE_BYTES = 1 << 50
 # (`TrialSpec.commit_range`, runners/commits.py) and report them (`TrialReport.commits`);
 # no script runs and nothing is built.
 TrialKind = Literal["run", "resolve", "attribute", "commits"]
-# The allocation tracers of an attribute trial: Python stacks, or native stacks (memray).
-Tracer = Literal["tracemalloc", "memray"]
+# The allocation tracers of an attribute trial, cheaper first: native and Python stacks
+# (memray), or Python stacks only (tracemalloc; runners/attribution.py rule 6).
+Tracer = Literal["memray", "tracemalloc"]
 TRACERS: tuple[Tracer, ...] = get_args(Tracer)
 
 
@@ -145,6 +146,16 @@ class EarlyStop(BaseModel):
     max_drop_ratio: float = Field(default=1.0, gt=0)
 
 
+class TraceStop(BaseModel):
+    """When an attribute trial's traced run ends before its script does
+    (runners/attribution.py rules 7 and 8; runners/tracehelper.py stops it): after
+    `markers` step markers (enough for the comparison), or `seconds` after it started
+    (its budget); None: no such limit."""
+
+    markers: int | None = Field(default=None, ge=1)
+    seconds: float | None = Field(default=None, gt=0, allow_inf_nan=False)
+
+
 class TrialSpec(BaseModel):
     trial_id: int
     attempt: int = 1
@@ -160,8 +171,10 @@ class TrialSpec(BaseModel):
     variables: dict[str, str] = Field(default_factory=dict)
     # None: the trial runs to its end (the job turned early stopping off).
     early_stop: EarlyStop | None = None
-    # Attribute trials: the tracer to run the script under (runners/tracing.py).
+    # Attribute trials: the tracer to run the script under (runners/tracing.py), and when
+    # the traced run ends before the script does (None: at its end or the timeout).
     trace: Tracer | None = None
+    trace_stop: TraceStop | None = None
     # Commits trials: what to list.
     commit_range: CommitRange | None = None
 

@@ -260,9 +260,10 @@ class JobOptions(SQLModel):
     attribute: bool = option(
         True,
         flag="--attribute/--no-attribute",
-        help="When the boundary is found, run its two releases once more under allocation "
-        "tracers (tracemalloc; memray for native stacks when it installs) and report the "
-        "call stacks that grow in the first bad one only. Never decides a verdict.",
+        help="When the boundary is found, run its two releases once more under an allocation "
+        "tracer (memray, native and Python stacks; tracemalloc when memray cannot install or "
+        "names nothing), each run stopped once it has enough steps or its budget, and report "
+        "the call stacks that grow in the first bad one only. Never decides a verdict.",
     )
     commits: bool = option(
         False,

@@ -13,11 +13,15 @@ whether its stage has ended (and then has recorded it with `stages.finish`).
   bad release asks a runner to list them (runners/commits.py; the server never runs git),
   and its answer becomes one candidate per commit.
 * `releases_done`: record the planner's outcome of a stage of versions.
-* `attribute_step`: one trial per tracer on each of the boundary pair, then their
-  comparison (runners/attribution.py) as `Job.attribution`; an earlier job that traced
+* `attribute_step`: the boundary pair under the cheaper tracer (memray), then under
+  tracemalloc only when memray named no site (runners/attribution.py rule 6), each run
+  ending at the stop `service.specs.trace_stop` gives it; then their comparison as
+  `Job.attribution`, with how each tracer's runs ended (cut short by the budget, or
+  stopped with enough steps) and why a tracer did not run. An earlier job that traced
   the same pair under the same conditions (service/reuse.py) is copied instead.
 """
 
+from collections.abc import Sequence
 from dataclasses import asdict
 from typing import Any
 
@@ -25,7 +29,7 @@ from sqlmodel import Session
 
 from runners import attribution, commits
 from runners.wire import TRACERS
-from service import ddmin, reuse, stages
+from service import ddmin, reuse, specs, stages
 from service.index import LOCAL, PYPI_SIMPLE, FetchPolicy, IndexUnavailable, project_urls
 from service.jobs import add_candidates, releases_between
 from service.models import Candidate, Job, JobStatus, Trial, TrialKind, TrialStatus
@@ -275,7 +279,9 @@ def _commit_record(members: list[Candidate], outcome: Outcome, result: dict) -> 
 def attribute_step(
     session: Session, job: Job, everything: list[Candidate], trials: list[Trial]
 ) -> bool:
-    """Trace the boundary pair once per tracer; True once the comparison is stored."""
+    """Trace the boundary pair, the cheaper tracer first; True once the comparison is
+    stored. Each tracer runs on both releases at once; the next one (tracemalloc) only
+    when the last named no site (runners/attribution.py rule 6)."""
     found = (stages.record(job, stages.RELEASES) or {}).get("result") or {}
     releases = {c.version: c for c in everything if c.stage == stages.RELEASES}
     good, bad = releases.get(found.get("last_old")), releases.get(found.get("first_new"))
@@ -288,24 +294,39 @@ def attribute_step(
         message = f"{job.attribution['message']} (reused from job {source.id})"
         stages.finish(job, stages.ATTRIBUTE, status="done", message=message)
         return True
-    if not traced:
-        for candidate in (good, bad):
-            for tracer in TRACERS:
-                add_trials(session, job, candidate, len(candidate.evaluations),
-                           1, kind=TrialKind.ATTRIBUTE, trace=tracer)  # fmt: skip
-        return False
     if any(t.status not in ENDED for t in traced):
         return False
-    job.attribution = compare_traces(job, good, bad, traced)
+    ran = [tracer for tracer in TRACERS if any(t.trace == tracer for t in traced)]
+    following = TRACERS[len(ran)] if len(ran) < len(TRACERS) else None
+    if following is not None and (not ran or _needs_next(job, good, bad, traced, trials)):
+        for candidate in (good, bad):
+            add_trials(session, job, candidate, len(candidate.evaluations),
+                       1, kind=TrialKind.ATTRIBUTE, trace=following)  # fmt: skip
+        return False
+    job.attribution = compare_traces(job, good, bad, traced, trials)
     stages.finish(job, stages.ATTRIBUTE, status="done", message=job.attribution["message"])
     return True
 
 
-def compare_traces(job: Job, good: Candidate, bad: Candidate, traced: list[Trial]) -> dict:
-    """Per tracer: the stacks that grow in `bad` and not in `good` (runners/attribution.py)."""
+def _needs_next(job: Job, good: Candidate, bad: Candidate, traced: list[Trial],
+                trials: Sequence[Trial]) -> bool:  # fmt: skip
+    """Whether the tracers so far named no site, so the next one runs (rule 6)."""
+    found = compare_traces(job, good, bad, traced, trials)["tracers"]
+    return all(attribution.python_tracer_needed(f) for f in found.values())
+
+
+def compare_traces(
+    job: Job, good: Candidate, bad: Candidate, traced: list[Trial], trials: Sequence[Trial] = ()
+) -> dict:
+    """Per tracer: the stacks that grow in `bad` and not in `good` (runners/attribution.py),
+    how its runs ended, and for a tracer that did not run, why; `trials`: the job's, for
+    the untraced runs the traced ones are measured against."""
     by_tracer: dict[str, Any] = {}
     for tracer in TRACERS:
         pair = {t.candidate_id: t for t in traced if t.trace == tracer}
+        if not pair:  # not needed: an earlier tracer named the site
+            by_tracer[tracer] = attribution.skipped(tracer)
+            continue
         g, b = pair.get(good.id), pair.get(bad.id)
         growth = _growth(b)
         by_tracer[tracer] = attribution.compare(
@@ -313,6 +334,7 @@ def compare_traces(job: Job, good: Candidate, bad: Candidate, traced: list[Trial
             rss_growth_bytes=None if growth is None else growth * MIB,
         )  # fmt: skip
         by_tracer[tracer]["seconds"] = {"good": _seconds(g), "bad": _seconds(b)}
+        by_tracer[tracer].update(_stops(good, bad, g, b, trials))
     return {
         "package": job.package,
         "last_good": good.version,
@@ -322,11 +344,22 @@ def compare_traces(job: Job, good: Candidate, bad: Candidate, traced: list[Trial
     }
 
 
+def _stops(
+    good: Candidate, bad: Candidate, g: Trial | None, b: Trial | None, trials: Sequence[Trial]
+) -> dict:
+    """How the pair's traced runs ended (rule 9), each against its release's untraced run
+    (its budget's measure), in the untraced runs' steps."""
+    (good_s, _), (bad_s, steps) = specs.untraced(good, trials), specs.untraced(bad, trials)
+    runs = {"good": attribution.stop_of(_profile(g)), "bad": attribution.stop_of(_profile(b))}
+    return attribution.stops(runs, steps, {"good": good_s, "bad": bad_s})
+
+
 def _attribution_message(by_tracer: dict[str, Any]) -> str:
-    """The top site of the first tracer that found one, else what the tracers said."""
+    """The top site of the first tracer that found one (and if its budget cut it short,
+    that), else what the tracers said."""
     for finding in by_tracer.values():
         if line := attribution.headline(finding):
-            return line
+            return f"{line}; {finding['cut_short']}" if finding.get("cut_short") else line
     notes = [f"{t}: {f['note']}" for t, f in by_tracer.items() if f.get("note")]
     return "; ".join(notes) or "no growing stack found"
 

@@ -16,6 +16,10 @@ with one slot (`bisect-cli run` with --jobs 1, or a single runner) the good boun
 first, clean, to its end, and gives the horizon to every later trial, the bad bound
 included; with more slots the bounds run at once and neither has a horizon (both run to
 their end unless the cap is near), and the trials queued after them get one.
+
+A traced run (an attribute trial) ends when `trace_stop` says: enough step markers, or
+its budget against the candidate's `untraced` run and the job's run seconds
+(runners/attribution.py rules 7 and 8); the runner kills it past `hard_timeout`.
 """
 
 import math
@@ -25,7 +29,8 @@ from typing import Any
 
 from packaging.utils import canonicalize_name
 
-from runners.wire import CommitRange, EarlyStop, EnvSpec, TrialSpec
+from runners import attribution
+from runners.wire import CommitRange, EarlyStop, EnvSpec, TraceStop, TrialSpec
 from service import stages
 from service.analysis import ClassifierSettings
 from service.models import Candidate, Job, Trial, TrialKind, TrialStatus
@@ -122,6 +127,33 @@ def early_stop(job: Job, trials: Sequence[Trial]) -> EarlyStop | None:
     )
 
 
+def untraced(candidate: Candidate, trials: Sequence[Trial]) -> tuple[float | None, int | None]:
+    """(seconds, steps) of `candidate`'s untraced run: its own longest run to its end, else
+    the job's (a leaking release's runs are often stopped early), else its longest run."""
+    seconds, steps = horizon([t for t in trials if t.candidate_id == candidate.id])
+    if seconds is None:
+        seconds, steps = horizon(trials)
+    if seconds is None:
+        done = [t.duration_s or 0.0 for t in trials if t.kind == TrialKind.RUN and t.duration_s]
+        seconds = max(done) if done else None
+    return seconds, steps
+
+
+def trace_stop(job: Job, candidate: Candidate, trials: Sequence[Trial]) -> TraceStop:
+    """When an attribute trial of `candidate` ends (runners/attribution.py rules 7, 8)."""
+    seconds, steps = untraced(candidate, trials)
+    traced = [t for t in trials if t.kind == TrialKind.ATTRIBUTE]
+    ended = [t for t in traced if t.status in (TrialStatus.DONE, TrialStatus.CANCELLED)]
+    return attribution.trace_stop(
+        steps=steps,
+        untraced_s=seconds,
+        min_growth_mib=ClassifierSettings(**job.classifier).min_growth_mib,
+        search_s=sum(t.duration_s or 0.0 for t in trials if t.kind == TrialKind.RUN),
+        spent_s=sum(t.duration_s or 0.0 for t in ended),
+        ended=len(ended),
+    )
+
+
 def look_every(seconds: float | None) -> float:
     """Twenty looks or more over a short horizon (the 2 s fixture: only the cap rule looks
     there), every 5 s over a long one."""
@@ -133,6 +165,8 @@ def trial_spec(
 ) -> TrialSpec:
     """What a runner is told for `trial`; `trials`: the job's trials, for the horizon."""
     assert trial.id is not None
+    traced = trial.kind == TrialKind.ATTRIBUTE
+    stop = trace_stop(job, candidate, trials) if traced else None
     return TrialSpec(
         trial_id=trial.id,
         attempt=trial.attempt,
@@ -140,13 +174,14 @@ def trial_spec(
         env=env_spec(job, candidate, resolving=trial.kind == TrialKind.RESOLVE),
         script=job.script,
         script_name=job.script_name,
-        timeout_s=job.timeout_s,
+        timeout_s=job.timeout_s if stop is None else attribution.hard_timeout(stop, job.timeout_s),
         memory_limit_bytes=job.memory_limit,
         sample_hz=job.sample_hz,
         requires_gpu=job.requires_gpu,
         variables={**trial.hints, **job.variables},
         early_stop=early_stop(job, trials) if trial.kind == TrialKind.RUN else None,
         trace=trial.trace,  # type: ignore[arg-type]
+        trace_stop=stop,
         commit_range=commit_range(job) if trial.kind == TrialKind.COMMITS else None,
     )
 

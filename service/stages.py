@@ -18,9 +18,11 @@ Stages, in the order `order` lists them:
    is installed with the other culprits at their new versions and everything else as in
    --from: the mix that leaked, with only this package moving.
 3. "release:NAME": each further culprit of an interaction, the same way.
-4. "attribute" (--attribute, when stage "" found its boundary): one trial per tracer on
-   the last good and on the first bad release; `Job.attribution` is their comparison
-   (runners/attribution.py). Tracing perturbs timing, so these trials are never judged.
+4. "attribute" (--attribute, when stage "" found its boundary): the last good and the
+   first bad release under memray, then under tracemalloc only when memray named no site,
+   each traced run stopped at enough steps or its budget (runners/attribution.py);
+   `Job.attribution` is their comparison. Tracing perturbs timing, so these trials are
+   never judged.
 5. "commit" (--commits, when stage "" found its boundary): the commits between the two
    releases' tags (listed by a runner: runners/commits.py), each built from source,
    bisected by the planner.

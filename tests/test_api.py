@@ -423,29 +423,29 @@ def test_one_runner_bisects_over_http(client: TestClient, fixture_index: str) ->
     ]
     assert shown["message"] == (
         "first bad is 1.0.6 and last good is 1.0.5, each confirmed by a second evaluation\n"
-        "grows at leakyfixture/core.py:41 in step (+8.0 MiB, tracemalloc)"
+        "grows at leakyfixture/core.py:41 in step (+8.0 MiB, memray)"
     )
-    # --attribute (on by default): each tracer ran both ends once more; the site is the
-    # package's line, and tracemalloc's 8 MiB cannot explain the run's 95.5 MiB of RSS.
+    # --attribute (on by default): memray, the cheaper tracer, ran both ends once more and
+    # named the package's line, so tracemalloc did not run (runners/attribution.py rule 6).
     attributed = shown["attribution"]
     assert (attributed["last_good"], attributed["first_bad"]) == ("1.0.5", "1.0.6")
-    assert list(attributed["tracers"]) == ["tracemalloc", "memray"]
-    for tracer, finding in attributed["tracers"].items():
-        assert finding["seconds"] == {"good": 60.0, "bad": 60.0}
-        assert finding["stacks"] == [
-            {
-                "site": "leakyfixture/core.py:41 in step",
-                "in_package": True,
-                "growth_bytes": 8 * MIB,
-                "good_growth_bytes": 0,
-                "grew_in": 1.0,
-                "frames": ["leakyfixture/core.py:41 in step", "repro.py:7 in <module>"],
-            }
-        ], tracer
+    assert list(attributed["tracers"]) == ["memray", "tracemalloc"]
+    finding = attributed["tracers"]["memray"]
+    assert finding["seconds"] == {"good": 60.0, "bad": 60.0}
+    assert finding["stacks"] == [
+        {
+            "site": "leakyfixture/core.py:41 in step",
+            "in_package": True,
+            "growth_bytes": 8 * MIB,
+            "good_growth_bytes": 0,
+            "grew_in": 1.0,
+            "frames": ["leakyfixture/core.py:41 in step", "repro.py:7 in <module>"],
+        }
+    ]
+    assert (finding["note"], finding["cut_short"]) == (None, None)
     assert attributed["tracers"]["tracemalloc"]["note"] == (
-        "native, not visible to tracemalloc: the stacks explain 8.0 MiB of 95.5 MiB of RSS growth"
+        "not run: memray named the site (tracemalloc runs only when memray cannot)"
     )
-    assert attributed["tracers"]["memray"]["note"] is None
 
     # The trial and its memory series, as a client reads them.
     evidence = shown["evidence"][1]

@@ -139,8 +139,9 @@ def test_rows_written(bisection) -> None:
         ("1.0.5", "clean", 0, 0),
         ("1.0.6", "leak", 0, 0),
     ]
-    # Then the boundary pair once more under each tracer (--attribute, on by default); the
-    # offline index has no memray, so those end at its install, with the reason.
+    # Then the boundary pair once more under memray, the cheaper tracer (--attribute, on by
+    # default); the offline index has no memray, so those end at its install, with the
+    # reason, and tracemalloc traces the pair instead.
     traced = con.execute(
         "select c.version, t.trace, t.verdict, t.exit_code, json_extract(t.profile, '$.error') "
         "from trial t join candidate c on c.id = t.candidate_id where t.kind = 'attribute' "
@@ -148,11 +149,11 @@ def test_rows_written(bisection) -> None:
     ).fetchall()
     no_memray = "memray did not install: "
     assert [row[:4] for row in traced] == [
-        ("1.0.5", "tracemalloc", None, 0), ("1.0.5", "memray", None, None),
-        ("1.0.6", "tracemalloc", None, 0), ("1.0.6", "memray", None, None),
+        ("1.0.5", "memray", None, None), ("1.0.6", "memray", None, None),
+        ("1.0.5", "tracemalloc", None, 0), ("1.0.6", "tracemalloc", None, 0),
     ]  # fmt: skip
     assert [row[4] is None or row[4].startswith(no_memray) for row in traced] == [True] * 4
-    assert [row[4] is None for row in traced] == [True, False, True, False]
+    assert [row[4] is None for row in traced] == [False, False, True, True]
     counts = con.execute(
         "select t.id, t.exit_code, count(s.id), max(s.step) from trial t "
         "join memory_sample s on s.trial_id = t.id where t.kind = 'run' group by t.id"

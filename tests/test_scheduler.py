@@ -202,7 +202,7 @@ def test_keys_are_computed_lazily_and_reuse_needs_an_earlier_judged_job(session:
     assert second.message.splitlines() == [
         "first bad is 1.0.6 and last good is 1.0.5, each confirmed by a second evaluation",
         # The attribution is copied too (`judge` wrote no profiles): not traced again.
-        "tracemalloc: the traced run wrote no profile; memray: the traced run wrote no profile"
+        "memray: the traced run wrote no profile; tracemalloc: the traced run wrote no profile"
         f" (reused from job {first.id})",
         f"verdicts of 1.0.0, 1.0.5, 1.0.6, 1.0.7, 1.0.9 reused from job {first.id}",
     ]
@@ -312,7 +312,9 @@ def test_each_job_numbers_its_own_trials_from_one(session: Session) -> None:
     assert [n for _, n in one] == list(range(1, len(one) + 1))
     assert [n for _, n in two] == list(range(1, len(two) + 1))
     visited = ["1.0.0", "1.0.9", "1.0.5", "1.0.7", "1.0.6", "1.0.5", "1.0.6"]
-    traced = ["1.0.5", "1.0.5", "1.0.6", "1.0.6"]  # --attribute: each tracer on both ends
+    # --attribute: memray on both ends, then (it named no site: `judge` writes no profiles)
+    # tracemalloc on both (runners/attribution.py rule 6).
+    traced = ["1.0.5", "1.0.6", "1.0.5", "1.0.6"]
     assert [v for v, _ in one] == visited + traced
     kinds = session.exec(select(Trial.kind).where(Trial.job_id == first.id).order_by(col(Trial.id)))
     assert list(kinds) == ["run"] * len(visited) + ["attribute"] * len(traced)
@@ -404,7 +406,7 @@ def test_outcome_leads_the_message_and_creation_notes_stay(session: Session) -> 
     judge(session, traced)
     session.refresh(traced)
     untraced = "the traced run wrote no profile"
-    assert traced.message == f"{outcome}\ntracemalloc: {untraced}; memray: {untraced}\n{note}"
+    assert traced.message == f"{outcome}\nmemray: {untraced}; tracemalloc: {untraced}\n{note}"
 
 
 def listing_trial(session: Session, job: Job) -> Trial:
