@@ -2,7 +2,7 @@
 and the trials and wall time of each end-to-end test scenario.
 
     uv run python bench/stages.py [--repeats 3] [--scenarios all|none|KEY,...] [--no-warm-up]
-                                  [--report docs/bench-stages.md]
+                                  [--real] [--report docs/bench-stages.md]
 
 1. ddmin (pure, no environments): `service.ddmin.step` driven to its answer with one slot
    for every single culprit and every interacting pair among n changes (n = 1..16),
@@ -13,6 +13,14 @@ and the trials and wall time of each end-to-end test scenario.
    sampler as a run trial does, under tracemalloc, and under memray (the trial's helper,
    `runners/tracehelper.py`), all with the same memory cap and no early stopping. Figures
    are the script's wall time as the sampler measured it (`duration_s`), median and range.
+   The "bounded" rows stop where an attribute trial now stops (runners/attribution.py
+   rules 7 and 8) after a search of `SEARCH_RUNS` untraced runs: `markers_needed` step
+   markers, or the budget (twice the untraced run, as that search gives).
+   With `--real`, the same for a real C-extension package from PyPI, msgpack, called in
+   a tight loop through a co-dependency: `leakycodec` (built here, two releases: 1.0.1
+   keeps one object in 50 that msgpack decodes), `CODEC_STEPS` steps, both releases
+   traced whole and bounded under each tracer, with the site each names
+   (`runners.attribution.compare`). msgpack and memray come from uv's default index.
 3. Scenarios: each end-to-end scenario of tests/test_stages_e2e.py and
    tests/test_attribute_e2e.py run as those tests run it (`bisect-cli run`, a fresh home and
    database, the uv cache shared and warmed by one uncounted run of the same scenario),
@@ -39,10 +47,12 @@ from contextlib import nullcontext
 from pathlib import Path
 from typing import Any
 
+from runners import attribution
 from runners.executor import run_script
-from runners.tracing import MEMRAY_REQUIREMENT, helper_args
+from runners.tracing import MEMRAY_REQUIREMENT, helper_args, stop_args
+from runners.wire import TRACERS, TraceStop
 from service.ddmin import Change, Need, Outcome, step, worst_case_tests
-from service.example.fixture import FixtureSpec, build_fixture
+from service.example.fixture import FixtureSpec, build_fixture, pack_wheel
 from service.example.gitrepo import build_repo
 from service.example.index import serve_index
 from service.example.suite import SCENARIOS, build_suite
@@ -53,6 +63,9 @@ REPRO = ROOT / "service" / "example" / "repro.py"
 HELPER = ROOT / "runners" / "tracehelper.py"
 SIZES = (1, 2, 3, 4, 5, 6, 8, 12, 16)
 CAP = 2 * 1024**3
+FIXTURE_STEPS = 40  # the bundled repro's
+SEARCH_RUNS = 8  # the search the bounded rows assume (the issue's real case: about 8)
+MIN_GROWTH_MIB = 8.0  # the classifier's default threshold
 
 
 def mixes(n: int, leaks: Callable[[frozenset[str]], bool]) -> int:
@@ -87,27 +100,129 @@ def environment(work: Path) -> Path:
     return python
 
 
-def timed(python: Path, work: Path, tracer: str | None) -> float:
+def bounded(steps: int, untraced_s: float) -> TraceStop:
+    """Where a traced run stops after a search of `SEARCH_RUNS` runs (rules 7 and 8)."""
+    search_s = SEARCH_RUNS * untraced_s
+    return attribution.trace_stop(steps=steps, untraced_s=untraced_s, search_s=search_s,
+                                  min_growth_mib=MIN_GROWTH_MIB, spent_s=0.0, ended=0)  # fmt: skip
+
+
+def traced_run(python: Path, work: Path, repro: Path, tracer: str | None,
+               stop: TraceStop | None = None) -> tuple[float, dict[str, Any] | None]:  # fmt: skip
+    """One run as an attribute trial runs it: seconds, and the tracer's profile."""
+    out = work / f"{tracer}.json"
     if tracer is None:
-        script, args = REPRO, []
+        script, args = repro, []
     else:
-        script, args = HELPER, helper_args(tracer, work / f"{tracer}.json", REPRO)  # type: ignore[arg-type]
-    ex = run_script(str(python), script, cwd=work, timeout_s=600, memory_limit_bytes=CAP,
+        script, args = HELPER, helper_args(tracer, out, repro, stop_args(stop))
+    ex = run_script(str(python), script, cwd=work, timeout_s=3600, memory_limit_bytes=CAP,
                     run_as=None, args=args)  # fmt: skip
     if ex.exit_code != 0:
         raise SystemExit(f"{tracer or 'untraced'} run failed ({ex.exit_code}): {ex.log_tail}")
-    return ex.duration_s
+    return ex.duration_s, (json.loads(out.read_text()) if tracer else None)
+
+
+RUNS = ("untraced", "memray", "tracemalloc", "memray, bounded", "tracemalloc, bounded")
 
 
 def tracing_costs(repeats: int) -> dict[str, list[float]]:
     with tempfile.TemporaryDirectory(prefix="bench-stages-") as tmp:
         work = Path(tmp)
         python = environment(work)
-        out: dict[str, list[float]] = {"untraced": [], "tracemalloc": [], "memray": []}
-        for _ in range(repeats):  # interleaved, so drift hits all three alike
-            for name in out:
-                out[name].append(timed(python, work, None if name == "untraced" else name))
+        out: dict[str, list[float]] = {name: [] for name in RUNS}
+        for _ in range(repeats):  # interleaved, so drift hits all alike
+            untraced = traced_run(python, work, REPRO, None)[0]
+            out["untraced"].append(untraced)
+            stop = bounded(FIXTURE_STEPS, untraced)
+            for name in RUNS[1:]:
+                tracer, _, bound = name.partition(", ")
+                took, _ = traced_run(python, work, REPRO, tracer, stop if bound else None)
+                out[name].append(took)
         return out
+
+
+# --- a real C-extension package, through a co-dependency (--real) ---------------------
+
+CODEC_STEPS = 60
+CODEC_CALLS = 30_000  # msgpack round trips a step: about 8 s untraced here, loaded
+CODEC_MODULE = """\
+\"\"\"leakycodec {version}: records through msgpack, a C extension.\"\"\"
+
+import msgpack
+
+RECORD = {{"id": 7, "name": "sensor-0042", "values": list(range(32)), "tags": ["a", "b"],
+          "blob": bytes(4096)}}
+KEEP_EVERY = {keep}  # 1.0.1 keeps one decoded record in this many: the leak
+_recent = []
+
+
+def step(calls={calls}):
+    for i in range(calls):
+        decoded = msgpack.unpackb(msgpack.packb(RECORD))
+        if KEEP_EVERY and i % KEEP_EVERY == 0:
+            _recent.append(decoded)
+"""
+CODEC_REPRO = f"""\
+import leakycodec
+
+for _ in range({CODEC_STEPS}):
+    leakycodec.step()
+    print("::leakbisect-step::", flush=True)
+"""
+CODEC_RELEASES = {"1.0.0": 0, "1.0.1": 50}
+
+
+def codec_environments(work: Path) -> dict[str, Path]:
+    """leakycodec's two releases, each with msgpack and memray in its own venv."""
+    wheels = work / "codec-wheels"
+    wheels.mkdir()
+    pythons = {}
+    for version, keep in CODEC_RELEASES.items():
+        source = CODEC_MODULE.format(version=version, keep=keep, calls=CODEC_CALLS)
+        pack_wheel(wheels / f"leakycodec-{version}-py3-none-any.whl", "leakycodec", version,
+                   {"leakycodec/__init__.py": source.encode()}, summary="records via msgpack",
+                   requires_dist=["msgpack>=1"])  # fmt: skip
+        venv = work / f"codec-{version}"
+        subprocess.run(["uv", "venv", "--quiet", str(venv)], check=True)
+        pythons[version] = venv / "bin" / "python"
+        subprocess.run(["uv", "pip", "install", "--quiet", "--python", str(pythons[version]),
+                        f"leakycodec=={version}", MEMRAY_REQUIREMENT, "--find-links",
+                        str(wheels)], check=True)  # fmt: skip
+    return pythons
+
+
+def real_package() -> dict[str, Any]:
+    """Both releases untraced, then whole and bounded under each tracer: seconds by run
+    and release, the site each named, and what the bounded runs' stop was."""
+    with tempfile.TemporaryDirectory(prefix="bench-real-") as tmp:
+        work = Path(tmp)
+        pythons = codec_environments(work)
+        repro = work / "repro.py"
+        repro.write_text(CODEC_REPRO)
+        seconds: dict[str, dict[str, float]] = {name: {} for name in RUNS}
+        profiles: dict[str, dict[str, Any]] = {name: {} for name in RUNS[1:]}
+        stops = {}
+        for version, python in pythons.items():
+            # The untraced run twice, the least disturbed one kept: this machine is shared.
+            untraced = min(traced_run(python, work, repro, None)[0] for _ in range(2))
+            seconds["untraced"][version] = untraced
+            stops[version] = bounded(CODEC_STEPS, untraced)
+            for name in RUNS[1:]:
+                tracer, _, bound = name.partition(", ")
+                stop = stops[version] if bound else None
+                took, found = traced_run(python, work, repro, tracer, stop)
+                seconds[name][version], profiles[name][version] = took, found
+                print(f"leakycodec {version} {name}: {took:.1f} s", file=sys.stderr)
+        good, bad = CODEC_RELEASES
+        sites = {}
+        for name, pair in profiles.items():
+            finding = attribution.compare(pair[good], pair[bad], "leakycodec",
+                                          tracer=name.partition(",")[0])  # fmt: skip
+            sites[name] = finding["stacks"][0]["site"] if finding["stacks"] else None
+        ended = {name: {v: attribution.stop_of(p) for v, p in pair.items()}
+                 for name, pair in profiles.items()}  # fmt: skip
+        return {"seconds": seconds, "sites": sites, "ended": ended,
+                "stops": {v: s.model_dump() for v, s in stops.items()}}  # fmt: skip
 
 
 # (key, title, how to make its inputs under a directory): the `bisect-cli run` arguments,
@@ -249,17 +364,72 @@ def _scenario_lines(rows: list[dict[str, Any]]) -> list[str]:
         "",
         "Tracing on the boundary runs (median script seconds of the same two releases):",
         "",
-        "| scenario | untraced | tracemalloc | memray |",
+        f"| scenario | untraced | {' | '.join(TRACERS)} |",
         "| --- | --- | --- | --- |",
     ]
     for r in rows:
         t = r["boundary_seconds"]
-        if "tracemalloc" in t:
-            cells = [
-                f"{t[k]:.2f} s" if k in t else "-" for k in ("untraced", "tracemalloc", "memray")
-            ]
+        if r["traced"]:
+            cells = [f"{t[k]:.2f} s" if k in t else "-" for k in ("untraced", *TRACERS)]
             lines.append(f"| {r['name']} | {' | '.join(cells)} |")
     return lines
+
+
+def _ended(run: dict[str, Any] | None) -> str:
+    if not run:
+        return "?"
+    at = f" at {run['markers']}" if run["markers"] is not None else ""
+    return f"{run['by']}{at}"
+
+
+def _real_lines(real: dict[str, Any]) -> list[str]:
+    good, bad = CODEC_RELEASES
+    seconds, sites, ended = real["seconds"], real["sites"], real["ended"]
+    base = seconds["untraced"][bad]
+    lines = [
+        "",
+        f"## Tracing a real C-extension package: msgpack through leakycodec ({CODEC_STEPS} steps)",
+        "",
+        f"The repro calls `leakycodec.step()` {CODEC_STEPS} times, a marker after each; a step "
+        f"is {CODEC_CALLS:,} msgpack round trips of a small record (`packb`, `unpackb`: "
+        f"msgpack's C extension from PyPI); leakycodec {bad} keeps one decoded record in "
+        f"{CODEC_RELEASES[bad]}, {good} none. Untraced here: {base:.1f} s (smaller than the "
+        "issue's 20 s: this 2-core machine is shared; the less disturbed of two runs). Whole: "
+        "the run to its end, as before issue #23; bounded: where an attribute trial now stops "
+        f"({_stop_words(real['stops'][bad], base)}). One traced run each.",
+        "",
+        f"| run | {good} s | {bad} s | x untraced ({good} / {bad}) | how it ended ({good} / "
+        f"{bad}) | site named (first bad vs last good) |",
+        "| --- | --- | --- | --- | --- | --- |",
+    ]
+    plain = seconds["untraced"]
+    for name in RUNS:
+        took = seconds[name]
+        runs = ended.get(name, {})
+        how = f"{_ended(runs.get(good))} / {_ended(runs.get(bad))}" if runs else ""
+        ratio = f"{took[good] / plain[good]:.1f}x / {took[bad] / plain[bad]:.1f}x"
+        lines.append(f"| {name} | {took[good]:.1f} | {took[bad]:.1f} | {ratio} | {how} | "
+                     f"{sites.get(name) or ''} |")  # fmt: skip
+    named = set(sites.values())
+    same = "yes" if len(named) == 1 and None not in named else f"no ({', '.join(map(str, named))})"
+    whole = sum(seconds[n][v] for n in ("memray", "tracemalloc") for v in (good, bad))
+    now = sum(seconds["memray, bounded"].values())
+    lines += [
+        "",
+        f"Same line named by all four: {same}. The attribute stage's traced seconds: "
+        f"{whole:.1f} s before issue #23 (both "
+        f"tracers, whole runs, both releases) against {now:.1f} s now (memray first, "
+        "bounded; it named the site, so tracemalloc does not run; without memray, "
+        f"tracemalloc bounded: {sum(seconds['tracemalloc, bounded'].values()):.1f} s).",
+    ]
+    return lines
+
+
+def _stop_words(stop: dict[str, Any], untraced_s: float) -> str:
+    seconds = stop["seconds"] or 0.0
+    return (f"after {stop['markers']} of {CODEC_STEPS} step markers, or at {seconds:.1f} s, "
+            f"{seconds / untraced_s:.1f}x the untraced run, the budget after a search of "
+            f"{SEARCH_RUNS} untraced runs")  # fmt: skip
 
 
 def _mean_max(values: list[int]) -> str:
@@ -271,12 +441,14 @@ def report(
     rows: list[dict[str, Any]],
     costs: dict[str, list[float]],
     scenarios: list[dict[str, Any]] | None = None,
+    real: dict[str, Any] | None = None,
+    command: str = "uv run python bench/stages.py",
 ) -> str:
     base = statistics.median(costs["untraced"])
     lines = [
         "# Stages beyond the release: ddmin mixes and tracing cost",
         "",
-        "Written by `uv run python bench/stages.py`; "
+        f"Written by `{command}`; "
         f"Python {platform.python_version()}, {platform.machine()}, {platform.system()}.",
         "",
         "## ddmin: mixes asked with one runner, the two ends included",
@@ -299,7 +471,17 @@ def report(
         median = statistics.median(values)
         lines.append(f"| {name} | {median:.2f} | {min(values):.2f}..{max(values):.2f} | "
                      f"{median / base:.2f}x |")  # fmt: skip
-    lines += ["", f"{len(costs['untraced'])} runs each, interleaved."]
+    stop = bounded(FIXTURE_STEPS, base)
+    budget = stop.seconds or 0.0
+    lines += [
+        "",
+        f"{len(costs['untraced'])} runs each, interleaved. Bounded: stopped after "
+        f"{stop.markers} of {FIXTURE_STEPS} step markers, or at {budget:.1f} s (the budget "
+        f"after a search of {SEARCH_RUNS} untraced runs: {budget / base:.1f}x the untraced "
+        "run), whichever comes first.",
+    ]
+    if real:
+        lines += _real_lines(real)
     if scenarios:
         lines += _scenario_lines(scenarios)
     text = "\n".join([*lines, ""])
@@ -319,6 +501,9 @@ def main() -> int:
     )
     ap.add_argument("--no-warm-up", action="store_true",
                     help="section 3: no uncounted first run of each scenario")  # fmt: skip
+    ap.add_argument("--real", action="store_true",
+                    help="section 2: also trace msgpack through leakycodec, whole and bounded "
+                    "(about 10 minutes; msgpack and memray from uv's default index)")  # fmt: skip
     args = ap.parse_args()
     if args.repeats < 1:
         ap.error("--repeats: must be at least 1")
@@ -329,8 +514,10 @@ def main() -> int:
                  f"{', '.join(SCENARIO_KEYS)}, all or none")  # fmt: skip
     rows = ddmin_counts()
     costs = tracing_costs(args.repeats)
+    real = real_package() if args.real else None
     scenarios = scenario_rows(keys, warm_up=not args.no_warm_up) if keys else None
-    print(report(args.report, rows, costs, scenarios))
+    command = " ".join(["uv run python bench/stages.py", *sys.argv[1:]])
+    print(report(args.report, rows, costs, scenarios, real, command))
     return 0
 
 
