@@ -22,6 +22,7 @@ from pydantic.fields import FieldInfo
 from sqlalchemy import JSON, BigInteger, Text
 from sqlmodel import Field, SQLModel
 
+from runners.earlystop import MIN_HORIZON_S
 from service import baseenv
 from service.resolution import parse_resolve_at
 from service.units import SIZE_HELP, parse_size
@@ -248,14 +249,17 @@ class JobOptions(SQLModel):
     reuse_verdicts: bool = option(
         True,
         flag="--reuse/--no-reuse",
-        help="Reuse verdicts of earlier jobs judged under the same conditions "
-        "(script, package, version, environment, classifier, hardware class).",
+        help="Reuse verdicts of your own earlier jobs judged under the same conditions "
+        "(script, package, version, environment, --env variables, classifier, hardware "
+        "class) when they are as strong as a fresh run; the boundary pair always runs again.",
     )
     early_stop: bool = option(
         True,
         flag="--early-stop/--no-early-stop",
-        help="End a run as soon as it is sure to leak, once a run of the job has gone to "
-        "its end (or when it nears the memory cap); clean runs always run to the end.",
+        help="End a run as soon as it is sure to leak: only for repros that print step "
+        f"markers, after the first marker, once a full run of the job took "
+        f"{MIN_HORIZON_S:.0f} s or more (or "
+        "when it nears the memory cap); clean runs always run to the end.",
     )
     attribute: bool = option(
         True,

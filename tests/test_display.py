@@ -53,6 +53,14 @@ def test_clean_bad_bound_gets_a_hint() -> None:
     ]
 
 
+def test_a_failed_bound_shows_no_dependency_diff() -> None:
+    """No boundary pair, nothing to compare: the old report said "between None and None"."""
+    evidence = [{"version": "0.11.19", "verdict": "clean", "runs": []}]
+    rep = report(status="bounds_failed", last_good=None, first_bad=None, evidence=evidence)
+    assert "package changed" not in text(rep)
+    assert "no other package changed between 1.0.5 and 1.0.6" in text(report(evidence=evidence))
+
+
 def test_sparkline_shows_floors() -> None:
     assert sparkline([0, 1, 2, 3, 4, 5, 6, 7], width=8) == "▁▂▃▄▅▆▇█"
     assert sparkline([]) == ""

@@ -236,7 +236,7 @@ def _dependency_diff(console: Console, report: Report) -> None:
         for row in report.dependency_diff:
             diff.add_row(row.package, row.old or "-", row.new or "-")
         console.print(diff)
-    elif report.evidence:
+    elif report.evidence and report.last_old and report.first_new:  # no pair: nothing to diff
         console.print(
             f"no other package changed between {report.last_old} and {report.first_new}"
         )
