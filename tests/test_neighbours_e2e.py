@@ -29,7 +29,7 @@ import pytest
 
 from bench.hogs import Neighbour, cpu_hog, memory_pressure
 from service.example.realistic import REPROS, SPECS, build_realistic
-from tests.test_run_e2e import EXAMPLE_REPRO, cli
+from tests.test_run_e2e import EXAMPLE_REPRO, FIXTURE_VERDICTS, cli
 
 pytestmark = pytest.mark.timeout(900)
 
@@ -87,20 +87,10 @@ EXPECTED = {
         last_good="0.11.8",
         first_bad="0.11.9",
     ),  # fmt: skip
-    # As tests/test_run_e2e.py pins the idle bisection of the fixture (1.0.4 untestable).
+    # As tests/test_run_e2e.py pins the idle bisection of the fixture (1.0.4 untestable);
+    # the verdicts are its FIXTURE_VERDICTS.
     "leakyfixture": Expected(
-        verdicts={
-            "1.0.0": "clean",
-            "1.0.1": None,
-            "1.0.2": None,
-            "1.0.3": None,
-            "1.0.4": None,
-            "1.0.5": "clean",
-            "1.0.6": "leak",
-            "1.0.7": "leak",
-            "1.0.8": None,
-            "1.0.9": "leak",
-        },
+        verdicts=FIXTURE_VERDICTS,
         visited=[
             ("1.0.0", "clean"),
             ("1.0.9", "leak"),

@@ -16,6 +16,19 @@ from packaging.version import Version
 
 EXAMPLE_REPRO = Path(__file__).resolve().parents[1] / "service" / "example" / "repro.py"
 CLI = [sys.executable, "-m", "service.cli"]
+# The fixture's 1.0.0..1.0.9 bisection as it ends, idle or loaded (tests/test_neighbours_e2e.py).
+FIXTURE_VERDICTS = {
+    "1.0.0": "clean",
+    "1.0.1": None,
+    "1.0.2": None,
+    "1.0.3": None,
+    "1.0.4": None,
+    "1.0.5": "clean",
+    "1.0.6": "leak",
+    "1.0.7": "leak",
+    "1.0.8": None,
+    "1.0.9": "leak",
+}
 
 
 def run_args(
@@ -61,18 +74,7 @@ def test_finds_first_leaking_release(bisection) -> None:
     assert report["between"] == []
     assert report["skipped"] == ["1.0.4"]
     verdicts = {c["version"]: c["verdict"] for c in report["candidates"]}
-    assert verdicts == {
-        "1.0.0": "clean",
-        "1.0.1": None,
-        "1.0.2": None,
-        "1.0.3": None,
-        "1.0.4": None,
-        "1.0.5": "clean",
-        "1.0.6": "leak",
-        "1.0.7": "leak",
-        "1.0.8": None,
-        "1.0.9": "leak",
-    }
+    assert verdicts == FIXTURE_VERDICTS
     yanked = [c["version"] for c in report["candidates"] if c["yanked"]]
     assert yanked == ["1.0.3"]
     untestable = [c["version"] for c in report["candidates"] if not c["testable"]]
