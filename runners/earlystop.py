@@ -84,7 +84,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from runners.floors import Judged, block_floors, judged_part
+from runners.floors import Judged, block_floors, judged_part, largest_drop, steps_done
 from runners.wire import EarlyStop, EarlyStopRecord
 
 MIB = 1024 * 1024
@@ -136,10 +136,6 @@ def _cap_near(
     )
 
 
-def _steps_done(steps: Sequence[tuple[float, int]]) -> int:
-    return max(s for _, s in steps) - min(s for _, s in steps) + 1 if steps else 0
-
-
 def _floors(part: Judged, es: EarlyStop) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
     """The judged part's block floors, None when fewer than min_blocks are usable."""
     n_blocks = min(max(len(part.v) // es.block_samples, es.min_blocks), es.max_blocks)
@@ -177,8 +173,7 @@ def _leak(
     late_ok = late_low > 0 and late_low >= es.leak_late_ratio * low
     if not late_ok or late < es.leak_late_ratio * reference or late < es.saturation_ratio * early:
         return None
-    drop = float(np.max(np.maximum.accumulate(wide) - wide))
-    if drop >= es.max_drop_ratio * threshold:
+    if largest_drop(wide) >= es.max_drop_ratio * threshold:
         return None
     over = f"{window:.0f} steps" if per == "step" else f"{window:.0f} s"
     return (
@@ -229,7 +224,7 @@ class EarlyStopper:
             return f"the memory cap is near: {cap}"
         if es.horizon_s is None or es.horizon_s < self.min_horizon_s or not es.horizon_steps:
             return None
-        if _steps_done(steps) < es.min_fraction * es.horizon_steps:
+        if steps_done(steps) < es.min_fraction * es.horizon_steps:
             return None
         part = _part(tt, vv, steps, es)
         blocks = None if part is None else _floors(part, es)

@@ -27,7 +27,9 @@ wide floor (the same percentile over the block and its two neighbours: steadier,
 to a spike that swallows a whole block, which is what the drop test needs).
 
 `step_ratio` (the classifier's spread test, also the early-stop rule's) says how much
-better one jump explains the floors than a straight line does.
+better one jump explains the floors than a straight line does; `largest_drop` (their drop
+test) how far the wide floor ever fell below its running maximum; `steps_done` how many
+steps the markers so far span.
 """
 
 from __future__ import annotations
@@ -149,6 +151,16 @@ def block_floors(
         for b in keep
     ]
     return np.array(pos), np.array(floors), np.array(wide)
+
+
+def largest_drop(wide: np.ndarray) -> float:
+    """The deepest fall of the (wide) floor below its running maximum, in MiB."""
+    return float(np.max(np.maximum.accumulate(wide) - wide))
+
+
+def steps_done(steps: Sequence[tuple[float, int]]) -> int:
+    """How many steps the markers span (0 without markers)."""
+    return max(s for _, s in steps) - min(s for _, s in steps) + 1 if steps else 0
 
 
 def step_ratio(x: np.ndarray, y: np.ndarray, slope: float) -> float:

@@ -77,7 +77,7 @@ from typing import Any
 
 import numpy as np
 
-from runners.floors import block_floors, judged_part, step_index, step_ratio
+from runners.floors import block_floors, judged_part, largest_drop, step_index, step_ratio
 from service.verdicts import Verdict
 
 MIB = 1024 * 1024
@@ -370,11 +370,6 @@ def classify_series(
     return _classify_blocks(x, v, window, unit, n, peak, settings)
 
 
-def _largest_drop(wide: np.ndarray) -> float:
-    """The deepest fall of the (wide) floor below its running maximum, in MiB."""
-    return float(np.max(np.maximum.accumulate(wide) - wide))
-
-
 def _classify_blocks(
     x: np.ndarray,
     v: np.ndarray,
@@ -438,7 +433,7 @@ def _fit_floors(
     rise_span = float(np.median(fx[-n_late:]) - fx[0])
     return dict(
         step_ratio=step_ratio(fx, floors, slope),
-        drop_mib=_largest_drop(wide),
+        drop_mib=largest_drop(wide),
         slope=slope,
         slope_low=low,
         slope_high=high,

@@ -257,9 +257,8 @@ class JobOptions(SQLModel):
         True,
         flag="--early-stop/--no-early-stop",
         help="End a run as soon as it is sure to leak: only for repros that print step "
-        f"markers, after the first marker, once a full run of the job took "
-        f"{MIN_HORIZON_S:.0f} s or more (or "
-        "when it nears the memory cap); clean runs always run to the end.",
+        f"markers, after the first marker, once a full run of the job took {MIN_HORIZON_S:.0f} "
+        "s or more (or when it nears the memory cap); clean runs always run to the end.",
     )
     attribute: bool = option(
         True,

@@ -298,21 +298,20 @@ def attribute_step(
         return False
     ran = [tracer for tracer in TRACERS if any(t.trace == tracer for t in traced)]
     following = TRACERS[len(ran)] if len(ran) < len(TRACERS) else None
-    if following is not None and (not ran or _needs_next(job, good, bad, traced, trials)):
+    found = compare_traces(job, good, bad, traced, trials) if ran else None
+    # The next tracer runs while those so far named no site (rule 6).
+    if following is not None and (
+        found is None
+        or all(attribution.python_tracer_needed(f) for f in found["tracers"].values())
+    ):
         for candidate in (good, bad):
             add_trials(session, job, candidate, len(candidate.evaluations),
                        1, kind=TrialKind.ATTRIBUTE, trace=following)  # fmt: skip
         return False
-    job.attribution = compare_traces(job, good, bad, traced, trials)
-    stages.finish(job, stages.ATTRIBUTE, status="done", message=job.attribution["message"])
+    assert found is not None  # every tracer ran, or one that ran named a site
+    job.attribution = found
+    stages.finish(job, stages.ATTRIBUTE, status="done", message=found["message"])
     return True
-
-
-def _needs_next(job: Job, good: Candidate, bad: Candidate, traced: list[Trial],
-                trials: Sequence[Trial]) -> bool:  # fmt: skip
-    """Whether the tracers so far named no site, so the next one runs (rule 6)."""
-    found = compare_traces(job, good, bad, traced, trials)["tracers"]
-    return all(attribution.python_tracer_needed(f) for f in found.values())
 
 
 def compare_traces(

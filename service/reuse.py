@@ -169,10 +169,10 @@ def _same_owner(job: Job) -> Any:
 def verdict_class(verdicts: Sequence[str]) -> str | None:
     """The class, "leak" or "bounded", when every verdict is decisive and they agree, else None."""
     classes = {
-        "leak" if v == Verdict.LEAK else "bounded" if v in BOUNDED else "undecided"
+        "leak" if Verdict(v).leaks else "bounded" if Verdict(v).bounded else None
         for v in verdicts
     }
-    return next(iter(classes)) if len(classes) == 1 and "undecided" not in classes else None
+    return next(iter(classes)) if len(classes) == 1 else None
 
 
 def strong_run(trial: Trial) -> bool:

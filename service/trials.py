@@ -5,6 +5,7 @@ from typing import Any
 from sqlalchemy import insert
 from sqlmodel import Session
 
+from runners.floors import steps_done
 from runners.wire import TrialReport
 from service import crash, pins
 from service.analysis import ClassifierSettings, classify_run
@@ -50,7 +51,7 @@ def judge(job: Job, report: TrialReport) -> Judgement:
     analysis = run.to_dict()
     analysis["growth_mib"] = _headline_growth(run.to_dict())
     # How many steps it ran: the early-stop horizon of later trials (service/specs.py).
-    analysis["step_count"] = _step_count(report.steps)
+    analysis["step_count"] = steps_done(report.steps) or None
     analysis["stopped_early"] = report.stopped_early
     # The horizon the run was judged against and the leak looks it tested (None: the trial
     # had no early-stop settings); verdict reuse reads it (service/reuse.py).
@@ -81,10 +82,6 @@ def cannot_run_why(analysis: dict[str, Any] | None) -> str | None:
     could not run on the release; else None."""
     line = (analysis or {}).get("cannot_run")
     return f"the repro cannot run on it ({line})" if line else None
-
-
-def _step_count(steps: list[tuple[float, int]]) -> int | None:
-    return max(s for _, s in steps) - min(s for _, s in steps) + 1 if steps else None
 
 
 def record_report(
