@@ -15,6 +15,9 @@ Rules, in code order:
    early, as the classifier's floors skip warm-up). A profile with one snapshot (memray:
    live at the end) grows by all of it. `grew_in` is the fraction of the intervals after
    warm-up in which the stack grew: a leak grows in nearly every one, a spike in one.
+   With step markers the first bad release is judged on no step the last good one was
+   not (`judged`): from the good run's first judged marker to its last, since snapshots
+   fall where the timing puts them and a third of each run's can be different steps.
 3. Stacks match across the two releases by their frames (file relative to site-packages,
    line, function). A stack counts when it grows by `MIN_GROWTH_BYTES` or more in the
    first bad release and by less than half as much in the last good one.
@@ -81,6 +84,7 @@ PLANNED_RUNS = 2 * len(TRACERS)  # each tracer on each release of the pair
 SKIPPED_NOTE = "not run: memray named the site (tracemalloc runs only when memray cannot)"
 
 Key = tuple[tuple[str, int, str], ...]
+Growth = dict[Key, tuple[int, float | None]]  # per stack: (bytes grown, share of intervals)
 
 
 def _last_marker(profile: dict[str, Any]) -> int:
@@ -104,21 +108,49 @@ def aligned(good: dict[str, Any], bad: dict[str, Any]) -> tuple[dict[str, Any], 
     return (_cut(good, common), _cut(bad, common)) if common else (good, bad)
 
 
-def growth(profile: dict[str, Any]) -> dict[Key, tuple[int, float | None]]:
-    """Per stack: (bytes grown after warm-up, fraction of intervals it grew in)."""
-    out: dict[Key, tuple[int, float | None]] = {}
+def growth(profile: dict[str, Any], since: int | None = None) -> Growth:
+    """Per stack: (bytes grown after warm-up, fraction of intervals it grew in). The
+    judged snapshots start a third of the way in, or at the first one at step marker
+    `since` or later (the pair's other profile's start, rule 2)."""
+    snapshots = profile.get("snapshots") or []
+    out: Growth = {}
     for stack in profile.get("stacks") or []:
         key = tuple((str(f), int(n), str(fn)) for f, n, fn in stack["frames"])
         sizes = [int(s) for s in stack["sizes"]]
         if len(sizes) < 2:
             out[key] = (sizes[-1] if sizes else 0, None)
             continue
-        start = int((len(sizes) - 1) * WARMUP_FRACTION)
+        start = _start(snapshots[: len(sizes)], since) if since else _warm(len(sizes))
         late = sizes[start:]
         steps = list(zip(late, late[1:], strict=False))
         grew = sum(b > a for a, b in steps) / len(steps) if steps else None
         out[key] = (late[-1] - late[0], grew)
     return out
+
+
+def _warm(snapshots: int) -> int:
+    """The first judged snapshot of `snapshots`: a third of the way in."""
+    return int((snapshots - 1) * WARMUP_FRACTION)
+
+
+def _start(snapshots: list[dict[str, Any]], since: int) -> int:
+    """The first snapshot at step marker `since` or later (the last one if none is)."""
+    markers = [int(s.get("marker") or 0) for s in snapshots]
+    return next((i for i, m in enumerate(markers) if m >= since), len(markers) - 1)
+
+
+def judged(good: dict[str, Any], bad: dict[str, Any]) -> tuple[Growth, Growth]:
+    """Each release's growth (rule 2), the first bad one's over no step the last good one's
+    was not judged on: its snapshots start at the good run's first judged marker and end at
+    its last. Snapshots fall where the timing puts them (the helper spaces them by how long
+    they take), so a third of one run's snapshots can be step 5 and the other's step 7, and
+    a cache still filling between them would pass for growth in one release only."""
+    snapshots = good.get("snapshots") or []
+    marked = len(snapshots) >= 2 and all(s.get("marker") for s in snapshots)
+    if not marked or len(bad.get("snapshots") or []) < 2:
+        return growth(good), growth(bad)
+    since = int(snapshots[_warm(len(snapshots))]["marker"])
+    return growth(good), growth(_cut(bad, _last_marker(good)), since=since)
 
 
 def _modules(package: str) -> set[str]:
@@ -169,7 +201,7 @@ def compare(
             why = (profile or {}).get("error") or "the traced run wrote no profile"
             return unavailable(tracer, why)
     assert good is not None and bad is not None
-    before, after = (growth(p) for p in aligned(good, bad))
+    before, after = judged(*aligned(good, bad))
     modules = _modules(package)
     stacks = [
         _stack(key, grown, grew, before.get(key, (0, None))[0], modules)

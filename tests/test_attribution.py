@@ -602,3 +602,24 @@ def test_the_reports_say_a_tracer_was_cut_short_or_not_run() -> None:
         "  +9.0 MiB  leakycodec/__init__.py:14 in step <- leakycodec",
         "tracemalloc: not run: memray named the site (tracemalloc runs only when memray cannot)",
     ]
+
+
+def test_the_first_bad_release_is_judged_from_the_step_the_last_good_one_is() -> None:
+    # A 4 MiB cache fills over steps 1-8 in both releases. Under load the helper spaced
+    # the good run's snapshots at markers 1, 7, 10, 13 and the bad run's at 1, 5, 9, 13: a
+    # third of the way in is step 7 in one and step 5 in the other, and the cache's
+    # 1.5 MiB from step 5 to 8 grew in the bad run only. Judged from step 7 in both, only
+    # the leak (1 MiB a step in the bad release) counts.
+    cache = lambda steps: [min(s, 8) * MIB // 2 for s in steps]  # noqa: E731
+    good_steps, bad_steps = [1, 7, 10, 13], [1, 5, 9, 13]
+    good = marked((CACHE, cache(good_steps)), markers=good_steps)
+    bad = marked((CACHE, cache(bad_steps)), (LEAK, [s * MIB for s in bad_steps]),
+                 markers=bad_steps)  # fmt: skip
+    found = compare(good, bad, "leakyfixture", tracer="tracemalloc")
+    assert [(s["site"], s["growth_bytes"]) for s in found["stacks"]] == [
+        ("leakyfixture/__init__.py:22 in _touched", 4 * MIB)
+    ]
+    # Each judged from its own third, the cache is blamed as well.
+    before, after = growth(good), growth(bad)
+    key = tuple((f, n, fn) for f, n, fn in CACHE)
+    assert (after[key][0], before[key][0]) == (int(1.5 * MIB), MIB // 2)
