@@ -177,6 +177,10 @@ class TrialSpec(BaseModel):
     trace_stop: TraceStop | None = None
     # Commits trials: what to list.
     commit_range: CommitRange | None = None
+    # Whose job this is: builds use that owner's own uv cache and environments, so a hostile
+    # build backend can poison nothing another owner runs (docs/security.md). None: a local
+    # run (`bisect-cli run`), whose only owner is the user running it.
+    owner: str | None = Field(default=None, max_length=200)
 
 
 class EarlyStopRecord(BaseModel):
@@ -218,6 +222,9 @@ class TrialReport(BaseModel):
     attribution: dict[str, Any] | None = None
     # Commits trials: the listed commits, oldest first (None when listing failed: `error`).
     commits: list[CommitInfo] | None = Field(default=None, max_length=MAX_REPORT_COMMITS)
+    # The isolation this trial did not get where the kernel or the runner's rights lacked
+    # it, one short phrase each (docs/security.md), e.g. "no network namespace".
+    missing_protections: list[str] = Field(default_factory=list, max_length=20)
 
     @model_validator(mode="after")
     def _ordered_in_time(self) -> Self:
