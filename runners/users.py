@@ -28,6 +28,8 @@ import pwd
 import stat
 import subprocess
 import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -112,6 +114,15 @@ def identities() -> Identities:
             "a script could then rewrite the environments"
         )
     return Identities(trial, build)
+
+
+@contextmanager
+def lease_trial_user() -> Iterator[Identity | None]:
+    """The user one trial runs as, held for the trial (None when the runner is not root).
+
+    Callers run the whole trial (work dir, script, clean-up) inside the ``with``.
+    """
+    yield identities().trial
 
 
 # --------------------------------------------------------------------------- reachability
