@@ -29,6 +29,10 @@ Outcomes:
   reach (`runners.earlystop.seen_by_samples`); when it fires the tree is ended as for a
   timeout and ``stopped_early`` says why (``timed_out`` stays False). ``early_stop`` on the
   `Execution` records its horizon and the leak looks it tested.
+* Isolation: the script runs in namespaces of its own (`runners.shim`: PID, mount with a
+  private /tmp and /dev/shm, network with only its own loopback, IPC) where the kernel
+  and the runner's rights allow; ``missing_protections`` lists, one phrase each, what it
+  did not get (all of them, and `NO_OWN_USER`, for a runner that is not root).
 * After the script exits, whatever it left running (double forks, ``setsid``
   daemons, processes in its cgroup) is killed: a trial leaves no processes behind.
   A process that left the trial's memory cgroup is killed on sight. ``cap_notes``
@@ -69,6 +73,7 @@ LOG_TAIL_BYTES = 4096
 STDERR_TAIL_BYTES = 2048
 _MAX_LINE = 64 * 1024  # longer lines are split; a runaway print cannot eat the runner's memory
 _GONE = (psutil.NoSuchProcess, psutil.ZombieProcess, psutil.AccessDenied)
+NO_OWN_USER = "no user of its own (runs as the runner's uid)"
 
 
 @dataclass
@@ -93,6 +98,7 @@ class Execution:
     pids_limit: int | None = None
     stopped_early: str | None = None  # why the early-stop rule ended the trial
     early_stop: EarlyStopRecord | None = None  # its horizon and looks (None: no settings)
+    missing_protections: list[str] = field(default_factory=list)  # isolation it did not get
 
 
 class _Tail:
@@ -252,7 +258,9 @@ class _ScriptRun:
             run_as=run_as,
             nproc=nproc,
             join=cap.preexec if cap.dirs else None,
+            isolate=True,
         )
+        self.run_as = run_as
         self.timed_out = False
         self.stopped_early: str | None = None
         self.stopper: EarlyStopper | None = None
@@ -389,7 +397,14 @@ class _ScriptRun:
             pids_limit=self.cap.pids_limit or self.pids_limit,
             stopped_early=self.stopped_early,
             early_stop=None if self.stopper is None else self.stopper.record(),
+            missing_protections=self.missing(outcome),
         )
+
+    def missing(self, outcome: Outcome) -> list[str]:
+        """What isolation the script did not get: `NO_OWN_USER` and what the supervisor
+        reported (`runners.shim.PROTECTIONS`; a runner that is not root gets none of them)."""
+        own = [] if self.run_as is not None else [NO_OWN_USER]
+        return own + list(outcome.missing)
 
 
 def script_env(env: Mapping[str, str] | None, cwd: Path) -> dict[str, str]:
@@ -434,7 +449,7 @@ def run_script(
     limit = memory_limit_bytes if memory_limit_bytes is not None else default_limit_bytes()
     ids = identities()
     who = ids.trial if run_as == "auto" else run_as
-    become_subreaper({u.uid for u in ids.users})
+    become_subreaper({u.uid for u in [*ids.users, *([who] if who else [])]})
     label = name or Path(script).stem
     with MemoryCap.create(limit, label, method=cap_method, pids_limit=pids_limit) as cap:
         run = _ScriptRun(

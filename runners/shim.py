@@ -1,4 +1,4 @@
-"""The per-trial supervisor: ``python -I -S shim.py STATUS_FD UID GID NPROC CWD ARGV...``.
+"""The per-trial supervisor: ``python -I -S shim.py STATUS_FD UID GID NPROC ISOLATE CWD ARGV...``.
 
 Standard library only, and only its C modules, so that it starts in about the time of a
 bare interpreter.
@@ -23,13 +23,29 @@ with the runner. It is the root of everything the trial runs; its rules:
   and only then reports.
 * SIGTERM, SIGINT or SIGHUP (the runner ending the trial: timeout, lost lease, the
   watchdog) kill the direct child at once; the clean-up above follows.
-* Report: lines on STATUS_FD (close-on-exec: the child never holds it): ``pid N`` once
-  the child runs, then one of ``exit CODE``, ``signal SIGNUM`` or ``error TEXT`` (the
+* Report: lines on STATUS_FD (close-on-exec: the child never holds it): ``missing
+  PHRASE`` for each protection it could not get, ``pid N`` (the host's pid) once the
+  child runs, then one of ``exit CODE``, ``signal SIGNUM`` or ``error TEXT`` (the
   command could not be started). The supervisor's own exit status is 0 after a report,
   125 for arguments it cannot use.
 
 UID, GID and NPROC are numbers or ``-`` (none; see `Config`). The supervisor's own
 environment is the child's.
+
+**Isolation** (ISOLATE ``ns``; ``-`` for none: uv commands, which need the network): the
+supervisor asks for a new PID namespace for its child, so the command is pid 1 of a
+namespace holding only its own tree (other trials' processes do not exist for it; when it
+exits the kernel kills everything left in it; it is still the supervisor's child, seen by
+its host pid by the sampler, the cgroup and every kill). The child, still root, then
+unshares a mount, a network and an IPC namespace and mounts, in its own mount namespace
+only: a ``/proc`` of its PID namespace, a fresh tmpfs on ``/dev/shm``, and a fresh tmpfs
+on ``/tmp`` into which it binds back its working directory's top-level ``/tmp`` entry and
+the host ``/tmp`` directories it could enter anyway and no other user can write (root's,
+not group- or world-writable: environments or test fixtures kept under ``/tmp``);
+nothing a trial writes to ``/tmp`` reaches another. Its network namespace has only a
+loopback of its own (brought up): the host's ports (a local Postgres) and every other
+network are unreachable. Every step that the kernel or the rights refuse is reported as
+``missing PHRASE`` (`PROTECTIONS`) before ``pid``, and the command runs without it.
 
 `descendants` is also imported by the sampler: it lists a tree through
 ``/proc/PID/task/TID/children`` (one small read per process of the tree, not a scan of
@@ -49,6 +65,15 @@ import sys
 
 PR_SET_PDEATHSIG = 1
 PR_SET_CHILD_SUBREAPER = 36
+CLONE_NEWNS, CLONE_NEWIPC, CLONE_NEWPID, CLONE_NEWNET = 0x20000, 0x8000000, 0x20000000, 0x40000000
+MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_BIND, MS_REC, MS_PRIVATE = 2, 4, 8, 4096, 16384, 1 << 18
+SIOCGIFFLAGS, SIOCSIFFLAGS, IFF_UP = 0x8913, 0x8914, 1
+# What a trial may lack, one phrase each: the supervisor reports them as ``missing PHRASE``
+# and the runner copies them into the trial's report (`TrialReport.missing_protections`).
+NO_PID_NS = "no PID namespace (other processes visible in /proc)"
+NO_PRIVATE_TMP = "no private /tmp and /dev/shm"
+NO_NET_NS = "no network namespace (the host's network reachable)"
+PROTECTIONS = (NO_PID_NS, NO_PRIVATE_TMP, NO_NET_NS)
 SIGKILL = _signal.SIGKILL
 _STOP_SIGNALS = (_signal.SIGTERM, _signal.SIGINT, _signal.SIGHUP)
 
@@ -67,12 +92,107 @@ class _Libc:
 
 
 _prctl = _Function(("prctl", _Libc()))
+_unshare = _Function(("unshare", _Libc()))
+_mount = _Function(("mount", _Libc()))
+
+
+def _check(result: int, what: str) -> None:
+    if result != 0:
+        err = _ctypes.get_errno()
+        raise OSError(err, f"{what}: {os.strerror(err)}")
 
 
 def prctl(option: int, value: int) -> None:
-    if _prctl(option, value, 0, 0, 0) != 0:
-        err = _ctypes.get_errno()
-        raise OSError(err, f"prctl({option}): {os.strerror(err)}")
+    _check(_prctl(option, value, 0, 0, 0), f"prctl({option})")
+
+
+def unshare(flags: int) -> None:
+    _check(_unshare(flags), f"unshare({flags:#x})")
+
+
+def mount(
+    source: str | None, target: str, fstype: str | None, flags: int, data: str | None = None
+) -> None:
+    def c(x: str | None) -> bytes | None:
+        return None if x is None else os.fsencode(x)
+
+    _check(_mount(c(source), c(target), c(fstype), flags, c(data)), f"mount {target}")
+
+
+# --------------------------------------------------------------------------- isolation
+
+
+def _kept_tmp_entries(cwd: str, uid: int | None) -> list[tuple[str, int]]:
+    """(name, O_PATH fd) of the host /tmp entries a private /tmp binds back: the top-level
+    entry holding `cwd`, and directories `uid` could enter that only root can write."""
+    own = cwd.split("/")[2] if cwd.startswith("/tmp/") else None
+    kept = []
+    for name in os.listdir("/tmp"):
+        try:
+            fd = os.open(f"/tmp/{name}", os.O_PATH | os.O_NOFOLLOW | os.O_DIRECTORY)
+        except OSError:
+            continue  # a file, a link, gone: not bound back
+        st = os.fstat(fd)
+        mode = st.st_mode & 0o7777
+        shared = st.st_uid == 0 and not mode & 0o022 and (not uid or mode & 0o001)
+        if name == own or shared:
+            kept.append((name, fd))
+        else:
+            os.close(fd)
+    return kept
+
+
+def _private_tmp(cwd: str, uid: int | None) -> None:
+    """Fresh tmpfs on /tmp and /dev/shm in this mount namespace, with `_kept_tmp_entries`
+    bound back (through /proc/self/fd: the host's /tmp is covered by then)."""
+    kept = _kept_tmp_entries(cwd, uid)
+    try:
+        flags = MS_NOSUID | MS_NODEV
+        mount("tmpfs", "/dev/shm", "tmpfs", flags, "mode=1777")
+        mount("tmpfs", "/tmp", "tmpfs", flags, "mode=1777")
+        for name, fd in kept:
+            os.mkdir(f"/tmp/{name}", 0o700)
+            mount(f"/proc/self/fd/{fd}", f"/tmp/{name}", None, MS_BIND | MS_REC)
+    finally:
+        for _, fd in kept:
+            os.close(fd)
+
+
+def _loopback_up() -> None:
+    """The new network namespace's own loopback, up (the script may serve itself)."""
+    import _socket  # only here: C modules, imported only by isolated trials
+    import fcntl
+
+    sock = _socket.socket(_socket.AF_INET, _socket.SOCK_DGRAM)
+    try:
+        req = b"lo".ljust(16, b"\0") + IFF_UP.to_bytes(2, sys.byteorder) + bytes(22)
+        fcntl.ioctl(sock.fileno(), SIOCSIFFLAGS, req)
+    finally:
+        sock.close()
+
+
+def isolate_child(cwd: str, uid: int | None, pid_ns: bool) -> list[str]:
+    """In the child, as root, before the uid drop: the namespaces of the module docstring.
+    Returns the phrases of `PROTECTIONS` it could not get."""
+    missing = [] if pid_ns else [NO_PID_NS]
+    try:
+        unshare(CLONE_NEWNS | CLONE_NEWIPC)
+        mount(None, "/", None, MS_REC | MS_PRIVATE)  # nothing below leaks to the host
+        if pid_ns:
+            mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
+        _private_tmp(cwd, uid)
+    except OSError:
+        missing = [NO_PID_NS, NO_PRIVATE_TMP]  # the host's /proc shows every process
+    try:
+        unshare(CLONE_NEWNET)
+    except OSError:
+        missing.append(NO_NET_NS)
+    else:
+        try:  # noqa: SIM105
+            _loopback_up()
+        except OSError:
+            pass  # a loopback that stays down: still no network
+    return [p for p in PROTECTIONS if p in missing]
 
 
 # --------------------------------------------------------------------------- the tree
@@ -145,13 +265,20 @@ def _kill(pid: int) -> None:
 # --------------------------------------------------------------------------- the child
 
 
-def _drop_and_exec(cfg: Config, err_w: int, oom_adj: str | None) -> None:
-    """In the forked child: own group, restored OOM score, dropped uid, then exec."""
+def _drop_and_exec(cfg: Config, err_w: int, oom_adj: str | None, pid_ns: bool | None) -> None:
+    """In the forked child: own group, restored OOM score, isolation (`pid_ns` not None:
+    asked for; whether the PID namespace was had), dropped uid, then exec."""
     for sig in _STOP_SIGNALS:
         _signal.signal(sig, _signal.SIG_DFL)
     try:
+        # In a new PID namespace the parent is outside it: getppid() is 0 there, before
+        # and after its death (the check below then only holds without one; the kernel
+        # kills the namespace with its pid 1, and the runner reaps orphans by uid).
         parent = os.getppid()
         os.setpgid(0, 0)
+        if pid_ns is not None:
+            for phrase in isolate_child(cfg.cwd, cfg.uid, pid_ns):
+                os.write(cfg.status_fd, f"missing {phrase}\n".encode())
         if oom_adj is not None:
             with open("/proc/self/oom_score_adj", "w") as f:
                 f.write(oom_adj)
@@ -176,29 +303,34 @@ def _drop_and_exec(cfg: Config, err_w: int, oom_adj: str | None) -> None:
 
 
 class Config:
-    """``STATUS_FD UID GID NPROC CWD ARGV...`` (``-`` for "none"): argv, not JSON, because
-    importing json costs the supervisor's start a few milliseconds."""
+    """``STATUS_FD UID GID NPROC ISOLATE CWD ARGV...`` (``-`` for "none"; ISOLATE ``ns`` or
+    ``-``): argv, not JSON, because importing json costs the supervisor's start a few
+    milliseconds."""
 
     def __init__(self, args: list[str]) -> None:
-        if len(args) < 6:
-            raise ValueError("expected STATUS_FD UID GID NPROC CWD ARGV...")
-        fd, uid, gid, nproc, self.cwd, *self.argv = args
+        if len(args) < 7:
+            raise ValueError("expected STATUS_FD UID GID NPROC ISOLATE CWD ARGV...")
+        fd, uid, gid, nproc, isolate, self.cwd, *self.argv = args
+        if isolate not in ("ns", "-"):
+            raise ValueError(f"ISOLATE is ns or -, not {isolate!r}")
 
         def opt(x: str) -> int | None:
             return None if x == "-" else int(x)
 
         self.status_fd = int(fd)
         self.uid, self.gid, self.nproc = opt(uid), opt(gid), opt(nproc)
+        self.isolate = isolate == "ns"
 
     @staticmethod
     def encode(
         status_fd: int, uid: int | None, gid: int | None, nproc: int | None, cwd: str,
-        argv: list[str],
+        argv: list[str], isolate: bool = False,
     ) -> list[str]:  # fmt: skip
         def opt(x: int | None) -> str:
             return "-" if x is None else str(x)
 
-        return [str(status_fd), opt(uid), opt(gid), opt(nproc), cwd, *argv]
+        flag = "ns" if isolate else "-"
+        return [str(status_fd), opt(uid), opt(gid), opt(nproc), flag, cwd, *argv]
 
 
 class Supervisor:
@@ -232,14 +364,26 @@ class Supervisor:
             return None
         return old
 
+    def new_pid_namespace(self) -> bool | None:
+        """For an isolated command: its PID namespace (the next fork's child is its pid 1);
+        whether the kernel gave it. None when isolation was not asked for."""
+        if not self.cfg.isolate:
+            return None
+        try:
+            unshare(CLONE_NEWPID)
+        except OSError:
+            return False
+        return True
+
     def start(self) -> str | None:
         """Fork and exec the command; the error text when it could not be started."""
         oom_adj = self.protect()
+        pid_ns = self.new_pid_namespace()
         err_r, err_w = os.pipe()  # close-on-exec: EOF with no data means exec succeeded
         pid = os.fork()
         if pid == 0:
             os.close(err_r)
-            _drop_and_exec(self.cfg, err_w, oom_adj)
+            _drop_and_exec(self.cfg, err_w, oom_adj, pid_ns)
         self.child = pid
         os.close(err_w)
         if self.stopping:

@@ -12,8 +12,10 @@ command's exact status over a pipe. The runner talks to it through `Supervised`:
   everything under it, then reports, usually within milliseconds);
 * `Supervised.outcome` reads the report once it exited: ``exit_code`` is the command's
   own status, ``-signum`` for a signal death; ``error`` says why the command could not
-  be started. A supervisor that died without a report (SIGKILLed: a cgroup v2 OOM group
-  kill of a non-root runner, or a same-uid script) yields its own status instead.
+  be started; ``missing`` lists the isolation (``isolate=True``: the namespaces of
+  `runners.shim`) the kernel or the runner's rights refused. A supervisor that died
+  without a report (SIGKILLed: a cgroup v2 OOM group kill of a non-root runner, or a
+  same-uid script) yields its own status instead.
 
 `run` is `subprocess.run` for uv commands: output captured, a timeout that stops the
 whole tree (exit 124, as the environment builder expects).
@@ -23,6 +25,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import dataclasses
 import functools
 import os
 import select
@@ -46,7 +49,8 @@ STOP_GRACE_S = 10.0  # how long a stopped supervisor may take before it is SIGKI
 class Outcome:
     exit_code: int | None
     error: str | None = None
-    pid: int | None = None  # the command's own pid, once it ran
+    pid: int | None = None  # the command's own pid (the host's), once it ran
+    missing: tuple[str, ...] = ()  # isolation asked for and not had (`runners.shim.PROTECTIONS`)
 
 
 def _in_child(join: Callable[[], None] | None) -> None:
@@ -70,8 +74,10 @@ class Supervised:
         run_as: Identity | None,
         nproc: int | None = None,
         join: Callable[[], None] | None = None,
+        isolate: bool = False,
     ) -> None:
         self.argv = [str(a) for a in argv]
+        self.isolate = isolate
         self.cwd = Path(cwd)
         self.env = env
         self.run_as = run_as
@@ -85,7 +91,8 @@ class Supervised:
         status_r, status_w = os.pipe()
         who = self.run_as
         args = Config.encode(
-            status_w, who and who.uid, who and who.gid, self.nproc, str(self.cwd), self.argv
+            status_w, who and who.uid, who and who.gid, self.nproc, str(self.cwd), self.argv,
+            isolate=self.isolate,
         )
         try:
             self.proc = subprocess.Popen(
@@ -165,8 +172,10 @@ class Supervised:
         if self._outcome is not None:
             return self._outcome
         assert self.proc is not None and self.proc.returncode is not None
-        report = dict(self._read_status())
+        lines = self._read_status()
+        report = dict(lines)
         pid = int(report["pid"]) if report.get("pid", "").isdigit() else None
+        missing = tuple(value for kind, value in lines if kind == "missing")
         if report.get("exit", "").isdigit():
             out = Outcome(int(report["exit"]), pid=pid)
         elif report.get("signal", "").isdigit():
@@ -175,6 +184,7 @@ class Supervised:
             out = Outcome(None, error=report["error"], pid=pid)
         else:  # no report: the supervisor itself was killed
             out = Outcome(self.proc.returncode, pid=pid)
+        out = dataclasses.replace(out, missing=missing)
         self._outcome = out
         return out
 

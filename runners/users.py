@@ -14,6 +14,16 @@ the environments and the uv cache (owned by the build user, mode 0755) and poiso
 candidate's environment. When the runner is not root, both are None: everything runs as
 the runner's own uid (there is nobody else to become).
 
+**One trial user per concurrent trial** (`lease_trial_user`): a trial runs as a user of
+a pool, ``<trial user>-0``, ``-1``, ... (``leakbisect-trial-0`` by default), created like
+the others, and holds it exclusively for the whole trial, across the threads and the
+processes of the host (several runners may share one): slot ``N`` is held by an
+exclusive ``flock`` on ``/run/leakbisect/trial-N.lock`` (the directory root's, 0700).
+Before a slot is given back, every process still running as its uid is SIGKILLed, so
+nothing of one trial lives on into the next trial of that user. Two trials therefore
+never share a uid: one cannot read the other's ``/proc/PID/environ``, signal or ptrace
+it, or enter its private directories.
+
 `blocked_by` answers "can this user reach this path?" from the permission bits of the
 path and of every directory above it (owner, group or other bits, as the kernel checks
 them; ACLs are not read), and names the directory that blocks: the pyenv interpreters
@@ -22,12 +32,16 @@ under ``/root`` (mode 0700) are the usual case.
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import grp
 import os
 import pwd
+import signal
 import stat
 import subprocess
 import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -39,6 +53,10 @@ TRIAL_USER_ENV = "BISECT_TRIAL_USER"
 BUILD_USER_ENV = "BISECT_BUILD_USER"
 DEFAULT_TRIAL_USER = "leakbisect-trial"
 DEFAULT_BUILD_USER = "leakbisect-build"
+
+LEASE_DIR = Path("/run/leakbisect")
+MAX_TRIAL_SLOTS = 256  # more trials at once than any runner host runs
+_LEASE_WAIT_S = 0.05
 
 _create_lock = threading.Lock()
 
@@ -120,9 +138,83 @@ def identities() -> Identities:
 def lease_trial_user() -> Iterator[Identity | None]:
     """The user one trial runs as, held for the trial (None when the runner is not root).
 
-    Callers run the whole trial (work dir, script, clean-up) inside the ``with``.
+    Callers run the whole trial (work dir, script, clean-up) inside the ``with``; at its
+    end every process of that user is killed and the slot is free again (module docstring).
     """
-    yield identities().trial
+    if not running_as_root():
+        yield None
+        return
+    base = identities().trial
+    assert base is not None
+    fd, slot = _take_slot()
+    try:
+        who = ensure_user(f"{base.name}-{slot}")
+        try:
+            yield who
+        finally:
+            kill_user_processes(who.uid)
+    finally:
+        os.close(fd)  # releases the flock
+
+
+def _lease_dir() -> Path:
+    """`LEASE_DIR`, root's and 0700 (refused otherwise: a user could then steal a slot)."""
+    with contextlib.suppress(FileExistsError):
+        LEASE_DIR.mkdir(mode=0o700, parents=True)
+    st = os.lstat(LEASE_DIR)
+    if not stat.S_ISDIR(st.st_mode) or st.st_uid != 0 or stat.S_IMODE(st.st_mode) & 0o077:
+        raise Unavailable(f"{describe(LEASE_DIR)}: it must be a directory of root's, mode 0700")
+    return LEASE_DIR
+
+
+def _take_slot() -> tuple[int, int]:
+    """(the descriptor holding its lock, the slot): the first free slot, waiting for one."""
+    top = _lease_dir()
+    while True:
+        for slot in range(MAX_TRIAL_SLOTS):
+            flags = os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC
+            fd = os.open(top / f"trial-{slot}.lock", flags, 0o600)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                os.close(fd)
+                continue
+            return fd, slot
+        time.sleep(_LEASE_WAIT_S)
+
+
+def _uid_processes(uid: int) -> list[int]:
+    """Live processes with `uid` as their real, effective, saved or file-system uid (the
+    owner of /proc/PID is not enough: a non-dumpable process shows as root's there)."""
+    pids = []
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/status", "rb") as f:
+                fields = dict(ln.split(b":", 1) for ln in f.read().splitlines() if b":" in ln)
+        except OSError:
+            continue
+        uids = {int(x) for x in fields.get(b"Uid", b"").split()}
+        if uid in uids and not fields.get(b"State", b"").strip().startswith(b"Z"):
+            pids.append(int(name))
+    return pids
+
+
+def kill_user_processes(uid: int, rounds: int = 100) -> int:
+    """SIGKILL every process of `uid` until none is left (a fork in flight is caught by
+    the next round); how many were killed."""
+    killed = 0
+    for _ in range(rounds):
+        pids = _uid_processes(uid)
+        if not pids:
+            break
+        for pid in pids:
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGKILL)
+                killed += 1
+        time.sleep(0.01)
+    return killed
 
 
 # --------------------------------------------------------------------------- reachability

@@ -13,6 +13,7 @@ import pytest
 from runners import limits
 from runners.executor import run_script
 from runners.markers import STEP_MARKER, parse_marker
+from tests.nsutil import NS_PID_EXPR, host_pid
 
 MiB = 2**20
 
@@ -180,7 +181,7 @@ def test_timeout_kills_the_whole_tree(trial_dir):
         f"""
         import os, subprocess, sys, time
         g = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
-        open({str(pids)!r}, "w").write("%d %d" % (os.getpid(), g.pid))
+        open({str(pids)!r}, "w").write("%s %d %d" % ({NS_PID_EXPR}, os.getpid(), g.pid))
         time.sleep(120)
         """,
     )
@@ -190,8 +191,8 @@ def test_timeout_kills_the_whole_tree(trial_dir):
     assert ex.timed_out is True
     assert ex.exit_code == -9
     assert ex.oom_killed is False
-    child, grandchild = map(int, pids.read_text().split())
-    assert gone(child) and gone(grandchild)
+    ns, child, grandchild = pids.read_text().split()
+    assert host_pid(ns, int(child)) is None and host_pid(ns, int(grandchild)) is None
     assert 1.4 <= ex.duration_s < 5
 
 
@@ -303,15 +304,16 @@ def test_grandchild_left_behind_is_killed(trial_dir):
     script = write(
         trial_dir,
         f"""
-        import subprocess, sys
+        import os, subprocess, sys
         g = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"],
                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        open({str(pids)!r}, "w").write(str(g.pid))
+        open({str(pids)!r}, "w").write("%s %d" % ({NS_PID_EXPR}, g.pid))
         """,
     )
     ex = run_script(PY, script, cwd=trial_dir, timeout_s=30, memory_limit_bytes=512 * MiB)
     assert ex.exit_code == 0
-    assert gone(int(pids.read_text()))
+    ns, pid = pids.read_text().split()
+    assert host_pid(ns, int(pid)) is None
 
 
 def test_env_is_complete_environment(trial_dir):
@@ -329,7 +331,8 @@ def test_script_dies_with_a_killed_runner(trial_dir: Path) -> None:
     pidfile = trial_dir / "script.pid"
     script = trial_dir / "sleepy.py"
     script.write_text(
-        f"import os, time\nopen({str(pidfile)!r}, 'w').write(str(os.getpid()))\ntime.sleep(120)\n"
+        f"import os, time\nopen({str(pidfile)!r}, 'w')"
+        f".write('%s %d' % ({NS_PID_EXPR}, os.getpid()))\ntime.sleep(120)\n"
     )
     runner = subprocess.Popen(
         [
@@ -344,8 +347,9 @@ def test_script_dies_with_a_killed_runner(trial_dir: Path) -> None:
     deadline = time.monotonic() + 30
     while not pidfile.exists() and time.monotonic() < deadline:
         time.sleep(0.1)
-    child = int(pidfile.read_text())
-    assert psutil.pid_exists(child)
+    ns, pid = pidfile.read_text().split()
+    child = host_pid(ns, int(pid))
+    assert child is not None and psutil.pid_exists(child)
     runner.kill()
     runner.wait()
     deadline = time.monotonic() + 10
