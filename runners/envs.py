@@ -1,11 +1,22 @@
 """Candidate environments, built with uv.
 
-One virtual environment per candidate, under ``root/<spec-hash>``, where the
-hash covers everything in the `EnvSpec`. A finished environment carries a
-marker file (``.leakbisect-env.json``) with what the build recorded; an
-environment without one was interrupted half-way and is rebuilt. All builds
-share one uv cache, and uv hard-links from it when the cache and the
-environments are on the same filesystem, so a warm build takes about a second.
+One virtual environment per owner and candidate, under
+``root/<owner key>/<spec-hash>``, where the hash covers everything in the
+`EnvSpec` and the owner key is a hash of the job's owner (`runners.publish`).
+A build happens in a private staging directory as the build user and is then
+published: taken over by the runner (root's and read-only when the runner is
+root), given its record (``.leakbisect-env.json``: what the build recorded,
+with a content digest and a stat fingerprint of every file) and renamed into
+place. Reuse needs that record, written by the runner, and the fingerprint to
+match (the files are what was published); otherwise the environment is rebuilt
+with one log line saying why. Each owner's builds share that owner's uv cache
+(``<cache>/<owner key>/uv``; `bisect-cli run`, as a user, the cache itself).
+As a user, uv hard-links from it when the cache and the environments are on the
+same filesystem, so a warm build takes about a second; as root it copies (a
+published file must not be the inode of a file the build user can write), and
+builds run one at a time (one build uid; see `runners.publish`). The
+constraint and name files uv reads are written by the runner into a directory
+of its own, then kept beside the published environment.
 
 Transitive drift (see DESIGN.md, Environments): by default the other packages
 are held at the good bound's pins (`resolve_pins`), passed to uv as
@@ -42,7 +53,6 @@ import hashlib
 import json
 import os
 import re
-import shutil
 import subprocess
 import time
 from collections.abc import Callable, Iterator
@@ -54,8 +64,10 @@ from typing import Any
 from packaging.requirements import InvalidRequirement, Requirement
 from packaging.utils import canonicalize_name
 
+from runners import publish, safefs
 from runners.errors import Unavailable
-from runners.sandbox import give, private_dir, shared_dir, uv_cache_dir
+from runners.publish import PublishError, create_file, owner_key, replace_file
+from runners.sandbox import give, private_dir, uv_cache_dir
 from runners.users import Identities, blocked_by, identities
 from runners.uvrun import (
     ERROR_LINES,
@@ -72,11 +84,6 @@ from runners.uvrun import (
     uv_env,
 )
 from runners.wire import EnvResult, EnvSpec
-
-try:  # POSIX; on other systems concurrent builds of one spec are not serialized.
-    import fcntl
-except ImportError:  # pragma: no cover
-    fcntl = None  # type: ignore[assignment]
 
 __all__ = [
     "ERROR_LINES",
@@ -272,16 +279,19 @@ def default_cache_dir() -> Path:
 
 
 def prepare_dirs(root: Path, cache_dir: Path | None = None) -> tuple[Path, Path]:
-    """Make the environment root and the uv cache usable: owned by the build user, 0755.
+    """Make the environment root and the uv cache root usable: the runner's own.
 
-    Also checks that the build user can run uv. Raises `runners.errors.Unavailable` with
-    one line naming the path that blocks and the fix (a runner calls this at start).
+    As root both are owned by root (0755; the cache 0711): the build user writes only a
+    staging directory and its owner's cache below them (`runners.publish`). One an older
+    runner left owned by the build user is taken over (its top only: the environments
+    and the cache in it are never reused); one owned by any other user is refused. Also
+    checks that the build user can run uv. Raises `runners.errors.Unavailable` with one
+    line naming the path that blocks and the fix (a runner calls this at start).
     """
     ids = identities()
     readers = [ids.trial] if ids.trial is not None else []
-    root = shared_dir(Path(root), ids.build, readers, "environment root")
-    cache = Path(cache_dir) if cache_dir is not None else default_cache_dir()
-    cache = shared_dir(cache, ids.build, readers, "uv cache")
+    root = publish.runner_dir(Path(root), readers, "environment root", ids.build)
+    cache = _cache_root(cache_dir, ids)
     uv = uv_bin()
     reason = blocked_by(Path(uv), ids.build, "x")
     if reason is not None:
@@ -290,6 +300,45 @@ def prepare_dirs(root: Path, cache_dir: Path | None = None) -> tuple[Path, Path]
             "can reach it (e.g. pip install uv into a venv outside /root)"
         )
     return root, cache
+
+
+def _cache_root(cache_dir: Path | None, ids: Identities) -> Path:
+    cache = Path(cache_dir) if cache_dir is not None else default_cache_dir()
+    builders = [ids.build] if ids.build is not None else []
+    return publish.runner_dir(cache, builders, "uv cache", ids.build, 0o711)
+
+
+@contextlib.contextmanager
+def _inputs() -> Iterator[Path]:
+    """A directory of the runner's that the build user can read, for the files uv reads
+    (requirements, constraints, names): nobody else can plant a name or a link in it."""
+    with private_dir(None, "leakbisect-inputs-") as inputs:
+        inputs.chmod(0o755)
+        yield inputs
+
+
+@contextlib.contextmanager
+def owner_cache(cache_root: Path, owner: str | None, ids: Identities) -> Iterator[Path]:
+    """The uv cache one owner's builds use, for the time of one build.
+
+    As root, builds run one at a time (the host's build lock, in the cache root) and
+    only the building owner's cache is reachable by the build user (`publish.open_cache`).
+    As a user, a run without an owner (`bisect-cli run`) uses the cache root itself (so
+    a ``UV_CACHE_DIR`` shared with the user's own uv keeps cold builds warm).
+    """
+    if ids.build is None:
+        if owner is None:
+            yield cache_root
+            return
+        with publish.open_cache(cache_root, owner_key(owner), None) as cache:
+            yield cache
+        return
+    locks = publish.child_dir(cache_root, publish.LOCKS, 0o700)
+    with (
+        publish.locked(locks, "builds.lock"),
+        publish.open_cache(cache_root, owner_key(owner), ids.build) as cache,
+    ):
+        yield cache
 
 
 def _is_url(link: str) -> bool:
@@ -372,28 +421,33 @@ def index_args(spec: EnvSpec) -> list[str]:
     return args
 
 
-def resolve_pins(spec: EnvSpec, *, cache_dir: Path | None = None) -> list[str]:
+def resolve_pins(
+    spec: EnvSpec, *, cache_dir: Path | None = None, owner: str | None = None
+) -> list[str]:
     """``name==version`` for every package ``PKG==VER`` + requirements resolve to.
 
     ``uv pip compile`` for the spec's Python version (``--python-version``),
     with the spec's index options, as any build: the build user, the allowlisted
     environment, a private directory. The spec's own constraints are not applied
-    (these pins are what later specs get as constraints). `cache_dir` as for
-    `build_env`. Raises `EnvError` with uv's one-line reason when it cannot
-    resolve.
+    (these pins are what later specs get as constraints). `cache_dir` and `owner` as
+    for `build_env` (resolving builds sdists for their metadata: the job's code).
+    Raises `EnvError` with uv's one-line reason when it cannot resolve.
     """
     pin, _ = _validate(spec)
     python = spec.python or running_python()
     ids = identities()
-    cache = Path(cache_dir) if cache_dir is not None else default_cache_dir()
-    shared_dir(cache, ids.build, [], "uv cache")
     _check_find_links(spec, ids)
     _check_source(spec, ids)
-    with private_dir(ids.build, "leakbisect-pins-") as tmp:
+    cache_root = _cache_root(cache_dir, ids)
+    with (
+        owner_cache(cache_root, owner, ids) as cache,
+        private_dir(ids.build, "leakbisect-pins-") as tmp,
+        _inputs() as inputs,
+    ):
         _trust_clone(spec, tmp, ids)
-        reqs = give(tmp / "requirements.in", ids.build, 0o644, "\n".join([pin, *spec.requirements]))
+        create_file(inputs, "requirements.in", "\n".join([pin, *spec.requirements]).encode())
         cmd = [
-            uv_bin(), "pip", "compile", str(reqs),
+            uv_bin(), "pip", "compile", str(inputs / "requirements.in"),
             "--python-version", python,
             "--no-header", "--no-annotate", "--no-strip-markers",
             *index_args(spec),
@@ -419,41 +473,29 @@ def _venv_python(venv: Path) -> Path:
     return venv / "bin" / "python"
 
 
-@contextlib.contextmanager
-def _locked(path: Path) -> Iterator[None]:
-    """Serialize builds of one spec across threads and processes on this host."""
-    with open(path, "a+") as fh:
-        if fcntl is not None:
-            fcntl.flock(fh.fileno(), fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            if fcntl is not None:
-                fcntl.flock(fh.fileno(), fcntl.LOCK_UN)
-
-
-def _remove(path: Path) -> None:
-    if path.is_symlink() or path.is_file():
-        path.unlink()
-    elif path.exists():
-        shutil.rmtree(path)
-
-
 @dataclass
 class _Build:
-    """One build of one spec's environment: the venv, uv's environment, the users."""
+    """One build of one spec's environment: where it goes, uv's environment, the users.
+
+    uv builds into `venv` (``<staging>/env``, the build user's); `publish` makes it the
+    runner's and renames it to `final` (``<root>/<owner key>/<spec hash>``).
+    """
 
     spec: EnvSpec
-    root: Path
-    cache: Path
-    env: dict[str, str]
+    final: Path
     ids: Identities
     log: Log | None
     started: float = field(default_factory=time.monotonic)
+    staging: Path | None = None
+    inputs: Path | None = None
+    cache: Path | None = None
+    env: dict[str, str] = field(default_factory=dict)
+    home: Path | None = None
 
     @property
     def venv(self) -> Path:
-        return self.root / spec_hash(self.spec)
+        assert self.staging is not None
+        return self.staging / "env"
 
     @property
     def python(self) -> Path:
@@ -463,7 +505,8 @@ class _Build:
         return EnvResult(seconds=round(time.monotonic() - self.started, 3), **kw)
 
     def uv(self, *args: str, timeout: float = QUICK_TIMEOUT_S) -> subprocess.CompletedProcess[str]:
-        return run_uv([uv_bin(), *args], self.env, self.log, timeout=timeout, cwd=self.root,
+        assert self.home is not None
+        return run_uv([uv_bin(), *args], self.env, self.log, timeout=timeout, cwd=self.home,
                       ids=self.ids)  # fmt: skip
 
     def freeze(self) -> list[str] | None:
@@ -476,18 +519,24 @@ class _Build:
         if self.log:
             self.log(line)
 
+    def write_input(self, name: str, lines: list[str]) -> Path:
+        """A file uv reads (constraints, names), in the runner's own directory."""
+        assert self.inputs is not None
+        replace_file(self.inputs, name, "".join(f"{ln}\n" for ln in lines).encode())
+        return self.inputs / name
+
     # -- reuse
 
     def reused(self) -> EnvResult | None:
-        """The recorded build when the environment is complete, unchanged and runnable."""
-        record = self._record() if (self.venv / MARKER).exists() else None
+        """The recorded build when the environment is published, unchanged and runnable."""
+        record = self._record()
         if record is None:
             return None
-        self.say(f"reusing {self.venv}")
+        self.say(f"reusing {self.final}")
         return self.result(
             ok=True,
-            path=str(self.venv),
-            python_executable=str(self.python),
+            path=str(self.final),
+            python_executable=str(_venv_python(self.final)),
             freeze=record["freeze"],
             resolution=record.get("resolution", "free"),
             resolution_note=record.get("resolution_note"),
@@ -495,21 +544,26 @@ class _Build:
         )
 
     def _record(self) -> dict | None:
+        venv, name = self.final, self.final.name
+        data = publish.read_record(venv, MARKER)
+        if data is None:
+            return None  # not published by this runner, or half-way: `publish` replaces it
         try:
-            record = json.loads((self.venv / MARKER).read_text())
-        except (OSError, ValueError):
+            record = json.loads(data)
+        except ValueError:
             return None
-        if not self.python.exists():
+        python = _venv_python(venv)
+        if not isinstance(record, dict) or not python.exists():
             return None
-        blocked = blocked_for_all(os.path.realpath(self.python), self.ids)
+        blocked = blocked_for_all(os.path.realpath(python), self.ids)
         if blocked is not None:
-            self.say(f"{self.venv.name}: its interpreter cannot be run by {blocked}; rebuilding")
+            self.say(f"{name}: its interpreter cannot be run by {blocked}; rebuilding")
             return None
-        freeze = self.freeze()
-        if freeze is None or freeze != record.get("freeze"):
-            self.say(
-                f"{self.venv.name}: installed packages differ from the recorded build; rebuilding"
-            )
+        if record.get("fingerprint") is None:
+            self.say(f"{name}: published before its files were fingerprinted; rebuilding")
+            return None
+        if publish.fingerprint(venv, skip=(MARKER,)) != record["fingerprint"]:
+            self.say(f"{name}: its files changed since it was published; rebuilding")
             return None
         return record
 
@@ -517,32 +571,29 @@ class _Build:
 
     def build(self, pin: str, constraints: list[str]) -> EnvResult:
         venv = self.venv
-        if venv.exists() or venv.is_symlink():
-            self.say(f"removing incomplete environment {venv}")
-            _remove(venv)
         base = find_python(self.spec.python, cache_dir=self.cache)
-        proc = self.uv("venv", "--no-project", "--python", base, str(venv))
+        proc = self.uv("venv", "--no-project", "--relocatable", "--python", base, str(venv))
         if proc.returncode != 0:
-            _remove(venv)
             return self.result(ok=False, error=meaningful(proc.stderr) or "uv venv failed")
         proc, resolution, note = self.install(pin, constraints)
         if proc.returncode != 0 and resolution == "strict" and NO_SOLUTION in proc.stderr:
-            _remove(venv)  # an invalid mix: a skip for the caller, not the candidate's fault
+            # an invalid mix: a skip for the caller, not the candidate's fault
             reason = one_line_reason(proc.stderr)
             return self.result(ok=False, error=reason, resolution=resolution, unresolvable=True)
         if proc.returncode != 0:
-            _remove(venv)
             message = meaningful(proc.stderr) or f"uv pip install exited with {proc.returncode}"
             return self.result(ok=False, error=message, resolution=resolution, resolution_note=note)
         freeze = self.freeze()
         if freeze is None:
-            _remove(venv)
             return self.result(ok=False, error="uv pip freeze failed on the new environment")
-        self.write_record(base, freeze, resolution, note)
+        try:
+            self.publish(base, freeze, resolution, note)
+        except (PublishError, OSError) as exc:
+            return self.result(ok=False, error=f"the build cannot be published: {exc}")
         return self.result(
             ok=True,
-            path=str(venv),
-            python_executable=str(self.python),
+            path=str(self.final),
+            python_executable=str(_venv_python(self.final)),
             freeze=freeze,
             resolution=resolution,
             resolution_note=note,
@@ -564,8 +615,7 @@ class _Build:
             return self.install_base(args, constraints)
         if not spec.constraints:
             return self.uv(*args, timeout=INSTALL_TIMEOUT_S), resolution, None
-        cfile = self.venv / CONSTRAINTS_FILE
-        cfile.write_text("".join(f"{c}\n" for c in constraints))
+        cfile = self.write_input(CONSTRAINTS_FILE, constraints)
         proc = self.uv(*args, "-c", str(cfile), timeout=INSTALL_TIMEOUT_S)
         if proc.returncode == 0:
             return proc, ("as-released" if released else "constrained"), None
@@ -578,9 +628,7 @@ class _Build:
     def names_file(self, held: dict[str, str]) -> Path:
         """The base environment's names, one a line, for ``-r``: every package is installed."""
         # A file: a base environment has thousands of packages.
-        names = self.venv / BASE_FILE
-        names.write_text("".join(f"{n}\n" for n in held))
-        return names
+        return self.write_input(BASE_FILE, list(held))
 
     def install_strict(
         self, args: list[str], constraints: list[str]
@@ -590,8 +638,7 @@ class _Build:
         The caller (`build`) turns uv's "no solution" into ``unresolvable``.
         """
         held = dict(_pinned(c) for c in constraints)
-        cfile = self.venv / CONSTRAINTS_FILE
-        cfile.write_text("".join(f"{n}=={v}\n" for n, v in held.items()))
+        cfile = self.write_input(CONSTRAINTS_FILE, [f"{n}=={v}" for n, v in held.items()])
         args = [*args, "-r", str(self.names_file(held)), "-c", str(cfile)]
         return self.uv(*args, timeout=INSTALL_TIMEOUT_S), "strict", None
 
@@ -607,11 +654,10 @@ class _Build:
         """
         held = dict(_pinned(c) for c in constraints)
         args = [*args, "-r", str(self.names_file(held))]
-        cfile = self.venv / CONSTRAINTS_FILE
         left: dict[str, str] = {}
         reason = ""
         for _ in range(MAX_FORCED_ROUNDS):
-            cfile.write_text("".join(f"{n}=={v}\n" for n, v in held.items()))
+            cfile = self.write_input(CONSTRAINTS_FILE, [f"{n}=={v}" for n, v in held.items()])
             proc = self.uv(*args, "-c", str(cfile), timeout=INSTALL_TIMEOUT_S)
             if proc.returncode == 0:
                 return proc, "constrained", self.forced_note(left, reason)
@@ -636,9 +682,23 @@ class _Build:
         changes = [f"{name} {old} -> {now.get(name, 'absent')}" for name, old in left.items()]
         return f"base env, except {', '.join(changes)} (uv: {reason})"
 
-    def write_record(self, base: str, freeze: list[str], resolution: str, note: str | None) -> None:
+    def publish(self, base: str, freeze: list[str], resolution: str, note: str | None) -> None:
+        """Make the staged environment the runner's, record it, rename it into place.
+
+        Every uv command of the build has returned, and the supervisor kills a command's
+        whole tree before it returns: no process of the build is left to race the walk
+        (which is safe against one anyway: `runners.publish`).
+        """
+        assert self.staging is not None and self.inputs is not None
+        publish.seize_dir(self.staging)  # root's, 0700: the build user can reach nothing in it
+        venv = self.venv
+        publish.take_over(venv, self.ids.build)
+        for name in (CONSTRAINTS_FILE, BASE_FILE):  # kept beside the environment, as built
+            data = publish.read_record(self.inputs, name)
+            if data is not None:
+                create_file(venv, name, data, 0o444)
         record = {
-            "hash": self.venv.name,
+            "hash": self.final.name,
             "spec": self.spec.model_dump(mode="json"),
             "python": base,
             "freeze": freeze,
@@ -646,11 +706,16 @@ class _Build:
             "resolution_note": note,
             "built_at": datetime.now(UTC).isoformat(),
             "build_seconds": round(time.monotonic() - self.started, 3),
+            "digest": publish.digest(venv, skip=(MARKER,)),
+            "fingerprint": publish.fingerprint(venv, skip=(MARKER,)),
         }
-        tmp = self.venv / f"{MARKER}.tmp"
-        tmp.write_text(json.dumps(record, indent=1))
-        os.replace(tmp, self.venv / MARKER)
-        self.say(f"built {self.venv} ({resolution}) in {record['build_seconds']} s")
+        create_file(venv, MARKER, json.dumps(record, indent=1).encode(), 0o444)
+        publish.seal(venv)
+        if self.final.exists() or self.final.is_symlink():
+            self.say(f"removing the environment it replaces, {self.final}")
+            os.rename(self.final, self.staging / "replaced")
+        os.rename(venv, self.final)
+        self.say(f"built {self.final} ({resolution}) in {record['build_seconds']} s")
 
 
 def build_env(
@@ -659,22 +724,40 @@ def build_env(
     root: Path,
     cache_dir: Path | None = None,
     log: Log | None = None,
+    owner: str | None = None,
 ) -> EnvResult:
-    """Build (or reuse) the environment for one candidate under ``root/<spec-hash>``.
+    """Build (or reuse) the environment for one candidate of `owner`'s.
 
-    Every uv command runs as the build user (`runners.uvrun`). Raises `EnvError` for a
-    spec that is wrong in itself; returns ``ok=False`` with uv's message when the
+    ``root/<owner key>/<spec hash>``; `cache_dir` is the cache root (each owner's builds
+    use their own cache in it); `owner` is `runners.wire.TrialSpec.owner` (None: a local
+    run). Every uv command runs as the build user (`runners.uvrun`). Raises `EnvError`
+    for a spec that is wrong in itself; returns ``ok=False`` with uv's message when the
     candidate cannot be installed.
     """
     started = time.monotonic()
     pin, constraints = _validate(spec)
-    root, cache = prepare_dirs(root, cache_dir)
+    root, cache_root = prepare_dirs(root, cache_dir)
     ids = identities()
     _check_find_links(spec, ids)
     _check_source(spec, ids)
-    key = spec_hash(spec)
-    with _locked(root / f"{key}.lock"), private_dir(ids.build, "leakbisect-build-") as home:
-        env = uv_env(cache, link_from=root, home=home)
-        _trust_clone(spec, home, ids)
-        build = _Build(spec, root, cache, env, ids, log, started)
-        return build.reused() or build.build(pin, constraints)
+    key, who = spec_hash(spec), owner_key(owner)
+    owned = publish.child_dir(root, who, 0o755)
+    locks = publish.child_dir(root, publish.LOCKS, 0o700)
+    with publish.locked(locks, f"{who}-{key}.lock"):
+        build = _Build(spec, owned / key, ids, log, started)
+        found = build.reused()
+        if found is not None:
+            return found
+        with (
+            owner_cache(cache_root, owner, ids) as cache,
+            private_dir(ids.build, "leakbisect-build-") as home,
+            _inputs() as inputs,
+        ):
+            build.staging = publish.staging_dir(root, key, ids.build)
+            try:
+                build.cache, build.home, build.inputs = cache, home, inputs
+                build.env = uv_env(cache, link_from=root, home=home, copy=ids.build is not None)
+                _trust_clone(spec, home, ids)
+                return build.build(pin, constraints)
+            finally:
+                safefs.remove_tree(build.staging)

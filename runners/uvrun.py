@@ -10,7 +10,10 @@ runs its build backend, which is the job's code: it never sees the runner's vari
 Settings every uv command gets: ``UV_PYTHON_DOWNLOADS=never`` (a runner uses the
 interpreters installed on it), ``UV_NO_CONFIG=1`` (no uv.toml of the machine decides
 what an environment contains), ``UV_NO_PROGRESS=1``, ``NO_COLOR=1``; with a cache,
-``UV_CACHE_DIR`` and ``UV_LINK_MODE`` (hard links within one filesystem, else copies).
+``UV_CACHE_DIR`` and ``UV_LINK_MODE`` (hard links within one filesystem, else copies;
+always copies when the runner is root: `runners.envs` publishes environments as root's,
+and a hard link would make the build user's cache file and the published one the same
+inode).
 
 `find_python` picks an interpreter the build *and* trial users can run: with the runner
 as root, pyenv's interpreters under /root (mode 0700) are not, and the error names the
@@ -114,7 +117,11 @@ def _same_filesystem(a: Path, b: Path) -> bool:
 
 
 def uv_env(
-    cache_dir: Path | None = None, link_from: Path | None = None, home: Path | None = None
+    cache_dir: Path | None = None,
+    link_from: Path | None = None,
+    home: Path | None = None,
+    *,
+    copy: bool = False,
 ) -> dict[str, str]:
     """The complete environment of a uv command (see the module docstring)."""
     extra = {"UV_PYTHON_DOWNLOADS": "never", "UV_NO_CONFIG": "1", "UV_NO_PROGRESS": "1"}
@@ -123,8 +130,10 @@ def uv_env(
         extra["UV_CACHE_DIR"] = str(cache_dir)
         if link_from is not None:
             # Hard links only work within one filesystem; elsewhere copy outright
-            # rather than have uv try, warn and fall back for every file.
-            same = _same_filesystem(cache_dir, link_from)
+            # rather than have uv try, warn and fall back for every file. `copy`: a
+            # published environment must share no inode with a cache the build user
+            # writes (runners.publish).
+            same = _same_filesystem(cache_dir, link_from) and not copy
             extra["UV_LINK_MODE"] = "hardlink" if same else "copy"
     return allowed_env(home=home or Path("/nonexistent"), uv=True, extra=extra)
 

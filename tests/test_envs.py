@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from runners import envs, users, uvrun
+from runners import envs, publish, users, uvrun
 from runners.envs import EnvError, build_env, find_python, freeze_diff, resolve_pins, spec_hash
 from runners.wire import EnvSpec
 from service.example.fixture import FixtureSpec, build_fixture, pack_wheel
@@ -83,7 +83,9 @@ def build(reachable_tmp: Path, cache_dir: Path, index_url: str):
 
 
 def _venv_dirs(root: Path) -> list[Path]:
-    return [p for p in root.iterdir() if p.is_dir()] if root.exists() else []
+    """The published environments of a run without an owner."""
+    local = root / publish.LOCAL_OWNER
+    return [p for p in local.iterdir() if p.is_dir()] if local.exists() else []
 
 
 def test_build_installs_the_candidate_and_reuses_it(build, cache_dir: Path) -> None:
@@ -94,16 +96,21 @@ def test_build_installs_the_candidate_and_reuses_it(build, cache_dir: Path) -> N
     assert first.resolution == "free" and first.resolution_note is None
     assert "leakyfixture==1.0.2" in first.freeze
     spec = EnvSpec(package="leakyfixture", version="1.0.2", index_url=build.index_url)
-    assert Path(first.path) == build.root / spec_hash(spec)
+    assert Path(first.path) == build.root / publish.LOCAL_OWNER / spec_hash(spec)
     assert first.python_executable == str(Path(first.path) / "bin" / "python")
     out = subprocess.run(
         [first.python_executable, "-c", "import leakyfixture; print(leakyfixture.__version__)"],
         capture_output=True, text=True, check=True,
     )  # fmt: skip
     assert out.stdout.strip() == "1.0.2"
-    # Installed from the shared cache by hard link (cache and envs share a filesystem).
-    module = Path(first.path).glob("lib/python*/site-packages/leakyfixture/__init__.py")
-    assert next(module).stat().st_nlink > 1
+    # As a user, installed from the cache by hard link (cache and envs share a filesystem);
+    # as root copied: a published file is never an inode the build user's cache holds.
+    module = next(Path(first.path).glob("lib/python*/site-packages/leakyfixture/__init__.py"))
+    if os.geteuid() == 0:
+        assert module.stat().st_nlink == 1 and module.stat().st_uid == 0
+        assert module.stat().st_mode & 0o7777 == 0o444
+    else:
+        assert module.stat().st_nlink > 1
 
     second = build_env(spec, root=build.root, cache_dir=cache_dir, log=lines.append)
     assert second.ok and second.reused
