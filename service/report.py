@@ -5,6 +5,9 @@ The boundary pair is kept in the planner's terms (`last_old`, `first_new`) and w
 under the names a reader expects: ``last_good``/``first_bad``, or ``last_bad``/``first_good``
 for find-fix jobs, in the report and in each `dependency_diff` row. `Report.model_validate`
 reads that wire form back.
+
+The environment line ends, once per job, with the isolation any of its runs lacked on
+its runner (``trials ran without: ...``, from each trial's `TrialReport.missing_protections`).
 """
 
 import shlex
@@ -337,6 +340,22 @@ def environment(job: Job) -> str:
     )
 
 
+def missing_protections(trials: list[Trial]) -> list[str]:
+    """The isolation any run of the job lacked (`TrialReport.missing_protections`, kept in
+    the trial's analysis), each once, in the order first seen."""
+    found = (p for t in _runs(trials) for p in (t.analysis or {}).get("missing_protections") or [])
+    return list(dict.fromkeys(found))
+
+
+def environment_line(job: Job, trials: list[Trial]) -> str:
+    """`environment`, then, once per job, what isolation the trials ran without."""
+    line = environment(job)
+    missing = missing_protections(trials)
+    if missing:
+        line += f"; trials ran without: {', '.join(missing)}"
+    return line
+
+
 def build_report(job: Job, candidates: list[Candidate], trials: list[Trial]) -> Report:
     result = job.result or {}
     by_version = {c.version: c for c in candidates}
@@ -359,7 +378,7 @@ def build_report(job: Job, candidates: list[Candidate], trials: list[Trial]) -> 
         candidates=candidate_rows(candidates, trials, job),
         trials=len(_runs(trials)),
         machine=job.machine,
-        environment=environment(job),
+        environment=environment_line(job, trials),
         dependency=dependency_section(job, trials),
         attribution=job.attribution,
         commit=job.commit,

@@ -206,3 +206,22 @@ def test_unprivileged_trial_runs_and_says_what_it_lacks(
     )
     assert (ex.exit_code, ex.log_tail) == (0, "65534 True\n")
     assert ex.missing_protections == [NO_OWN_USER, NO_PID_NS, NO_PRIVATE_TMP, NO_NET_NS]
+
+
+def test_the_report_says_once_what_the_trials_lacked() -> None:
+    """Every run of a job on an unprivileged runner lacks the same protections: the
+    environment line names each once (text, JSON: `Report.environment`)."""
+    from service.models import Job, Trial, TrialKind, TrialStatus
+    from service.report import environment, environment_line
+
+    job = Job(good="1.0", bad="2.0", script_sha256="x", package="p", script="pass")
+    lacked = [NO_OWN_USER, NO_PID_NS, NO_PRIVATE_TMP, NO_NET_NS]
+
+    def run(missing: list[str]) -> Trial:
+        analysis = {"missing_protections": missing}
+        return Trial(job_id=1, candidate_id=1, kind=TrialKind.RUN, status=TrialStatus.DONE,
+                     analysis=analysis)  # fmt: skip
+
+    line = environment_line(job, [run(lacked), run(lacked), run([NO_NET_NS])])
+    assert line == f"{environment(job)}; trials ran without: {', '.join(lacked)}"
+    assert environment_line(job, [run([]), run([])]) == environment(job)
