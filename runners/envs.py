@@ -710,11 +710,13 @@ class _Build:
             "fingerprint": publish.fingerprint(venv, skip=(MARKER,)),
         }
         create_file(venv, MARKER, json.dumps(record, indent=1).encode(), 0o444)
-        publish.seal(venv)
         if self.final.exists() or self.final.is_symlink():
             self.say(f"removing the environment it replaces, {self.final}")
+            if self.final.is_dir() and not self.final.is_symlink():
+                publish.seize_dir(self.final)  # as a user: moving it needs it writable
             os.rename(self.final, self.staging / "replaced")
         os.rename(venv, self.final)
+        publish.seal(self.final)  # after the rename: moving a directory needs it writable
         self.say(f"built {self.final} ({resolution}) in {record['build_seconds']} s")
 
 

@@ -183,6 +183,7 @@ def trial_spec(
         trace=trial.trace,  # type: ignore[arg-type]
         trace_stop=stop,
         commit_range=commit_range(job) if trial.kind == TrialKind.COMMITS else None,
+        owner=job.owner,  # builds per owner: one owner's build backend poisons no other's
     )
 
 

@@ -20,9 +20,12 @@ import pytest
 
 from runners import envs, publish, users, uvrun
 from runners.envs import EnvError, build_env, find_python, freeze_diff, resolve_pins, spec_hash
+from runners.errors import Unavailable
 from runners.wire import EnvSpec
 from service.example.fixture import FixtureSpec, build_fixture, pack_wheel
 from service.example.index import serve_index
+from service.models import Candidate, Job, Trial
+from service.specs import trial_spec
 from tests.gitfixture import BROKEN_MESSAGE, make_repo
 
 pytestmark = pytest.mark.timeout(120)
@@ -78,6 +81,7 @@ def build(reachable_tmp: Path, cache_dir: Path, index_url: str):
         return build_env(spec, root=root, cache_dir=cache_dir)
 
     _build.root = root
+    _build.cache = cache_dir
     _build.index_url = index_url
     return _build
 
@@ -527,3 +531,69 @@ def test_spec_hash_keeps_the_names_of_existing_environments() -> None:
     hashes = {spec_hash(spec), spec_hash(strict), spec_hash(source),
               spec_hash(spec.model_copy(update={"base_env": True}))}  # fmt: skip
     assert len(hashes) == 4
+
+
+# ---------------------------------------------------------------------------
+# owners and publishing (runners/publish.py)
+
+
+def test_trial_spec_carries_the_jobs_owner() -> None:
+    job = Job(id=1, package="leakyfixture", good="1.0.0", bad="1.0.2", script="print()",
+              script_sha256="x", owner="alice")  # fmt: skip
+    candidate = Candidate(id=2, job_id=1, position=0, version="1.0.2")
+    trial = Trial(id=3, job_id=1, candidate_id=2)
+    assert trial_spec(job, candidate, trial).owner == "alice"
+    job.owner = None
+    assert trial_spec(job, candidate, trial).owner is None
+
+
+def test_owner_keys_are_hashes() -> None:
+    assert publish.owner_key(None) == "local"
+    alice = publish.owner_key("alice")
+    assert alice.startswith("o-") and "alice" not in alice and len(alice) == 22
+    assert publish.owner_key("../bob") != alice and "/" not in publish.owner_key("../bob")
+
+
+def test_owners_get_their_own_environments(build) -> None:
+    spec = EnvSpec(package="leakyfixture", version="1.0.2", index_url=build.index_url)
+    a = build_env(spec, root=build.root, cache_dir=build.cache, owner="alice")
+    b = build_env(spec, root=build.root, cache_dir=build.cache, owner="bob")
+    assert a.ok and b.ok and not b.reused
+    assert Path(a.path) == build.root / publish.owner_key("alice") / spec_hash(spec)
+    assert Path(b.path) == build.root / publish.owner_key("bob") / spec_hash(spec)
+    assert build_env(spec, root=build.root, cache_dir=build.cache, owner="alice").reused
+    record = json.loads((Path(a.path) / envs.MARKER).read_text())
+    assert record["digest"] == publish.digest(Path(a.path), skip=(envs.MARKER,))
+    assert record["fingerprint"] == publish.fingerprint(Path(a.path), skip=(envs.MARKER,))
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="the build user owns nothing unless root")
+def test_an_older_runners_env_root_is_taken_over_and_not_trusted(build) -> None:
+    """An env root and cache an older runner left to the build user: both become root's;
+    an environment found there (even at the new layout's path) is rebuilt, not reused."""
+    ids = users.identities()
+    spec = EnvSpec(package="leakyfixture", version="1.0.2", index_url=build.index_url)
+    planted = build.root / publish.LOCAL_OWNER / spec_hash(spec)
+    (planted / "bin").mkdir(parents=True)
+    (planted / envs.MARKER).write_text(json.dumps({"freeze": [], "fingerprint": "x"}))
+    for path in (build.root, build.cache, *planted.parents[:2], planted, planted / "bin",
+                 planted / envs.MARKER):  # fmt: skip
+        os.chown(path, ids.build.uid, ids.build.gid)
+    result = build_env(spec, root=build.root, cache_dir=build.cache)
+    assert result.ok and not result.reused
+    for path in (build.root, build.cache, Path(result.path)):
+        assert path.stat().st_uid == 0 and not path.stat().st_mode & 0o022
+    assert "leakyfixture==1.0.2" in result.freeze
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="only root can own a directory for someone else")
+def test_a_root_owned_by_someone_else_is_refused(build, tmp_path: Path) -> None:
+    other = build.root.parent / "alices"
+    other.mkdir()
+    os.chown(other, 4242, 4242)
+    with pytest.raises(Unavailable) as info:
+        envs.prepare_dirs(other, build.cache)
+    assert str(info.value) == (
+        f"environment root {other} is owned by uid 4242: it must be root's, the runner writes "
+        f"it; run: chown root: {other} && chmod 0755 {other}"
+    )
