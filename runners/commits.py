@@ -2,22 +2,42 @@
 
 Rules:
 
-- git runs as a subprocess, with a timeout, no terminal prompt (`GIT_TERMINAL_PROMPT=0`,
-  ssh in batch mode) and `LC_ALL=C`; any failure (git missing, a non-zero exit, a timeout)
+- git runs bounded like a trial (`runners.gitrun`): under the trial supervisor, in a cgroup
+  of its own, killed with everything it started (remote helpers, index-pack) at its
+  deadline, every process reaped; no terminal prompt (`GIT_TERMINAL_PROMPT=0`, ssh in
+  batch mode), `LC_ALL=C`. Any failure (git missing, a non-zero exit, a timeout, a cap)
   is a `CommitsError` with a one-line message, never a traceback.
+- A listing (`list_range`) has `LIST_DEADLINE_S` in all; the clone or fetch
+  `CLONE_TIMEOUT` of it, every other command `GIT_TIMEOUT`. Over http(s), a transfer
+  slower than `LOW_SPEED_BYTES` per second for `LOW_SPEED_S` seconds ends
+  (`GIT_HTTP_LOW_SPEED_LIMIT`/`_TIME`).
+- A clone or fetch may add at most `MAX_FETCH_BYTES` to the disk (no file larger: the
+  kernel's RLIMIT_FSIZE; the directory measured while it runs): "git clone stopped: ...".
+- Smart protocols only: every clone and fetch asks for an unlimited depth
+  (``--depth=2147483647``), which the smart protocols (http(s), git, ssh) serve as the
+  whole history and git's dumb HTTP transport refuses before it fetches any object. A
+  dumb server cannot filter out blobs, so it would send the whole repository: it is
+  refused in one line. (Checked by git itself in the very request that fetches, so a
+  server cannot answer a probe one way and the fetch another.) A clone that comes back
+  shallow all the same (a server that cut the history) is refused too.
 - `tag_for` tries the usual tag spellings of a release in a fixed order: `v{version}`,
   `{version}`, `{package}-{version}`, `{package}-v{version}`, `{package}@{version}`, then
   the same for the normalized version when it is spelled differently.
 - `list_commits` is `git rev-list --reverse --first-parent old..new`: the commits a release
   line went through (a merged branch counts as its merge commit), oldest first, the new
   tag's commit last.
-- `checkout_for` uses a local path as it is (it must be a git repository) and clones a URL
-  bare and blob-less into the cache (fetched again when already there): listing needs only
-  commits and tags, never file contents.
+- `checkout_for` uses a local path (or a file:// URL: `bisect-cli run` only) as it is (it
+  must be a git repository; git runs as the runner, it is the user's own clone) and
+  clones a URL bare and blob-less into the cache (`runners.gitcache`: one clone per URL,
+  locked while a listing uses it, least recently used evicted over a size budget), fetched
+  again when already there: listing needs only commits and tags, never file contents.
+  git runs there as the build user when the runner is root (a repository and its server
+  are untrusted input: not root, and not the trial user), never as the runner.
 - `repo_from_urls` and `source_ref` are pure.
 
 - git sees only a clean environment (PATH, a private HOME, locale, the CA bundle and proxy
-  settings; never a ``BISECT_*`` variable or a token), no system or global config, and
+  settings; never a ``BISECT_*`` variable or a token), no system or global config (no
+  automatic gc or maintenance either: a repack could exceed the fetch cap), and
   `GIT_ALLOW_PROTOCOL`: http(s), git and ssh for a URL, ``file`` only for a local clone
   (a path or a file:// URL, which only `bisect-cli run` takes), never ``ext::``.
 - `list_range` is what a runner's "commits" trial does (runners/trial.py, and
@@ -31,20 +51,21 @@ and used by the service too.
 
 from __future__ import annotations
 
-import hashlib
 import os
 import re
-import shutil
-import subprocess
 import time
-from collections.abc import Mapping
-from dataclasses import dataclass
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from contextvars import ContextVar
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import unquote, urlsplit, urlunsplit
 
 from packaging.version import InvalidVersion, Version
 
+from runners import gitcache, gitrun
+from runners.users import Identity, blocked_by, identities
 from runners.wire import (
     MAX_REPORT_COMMITS,
     CommitInfo,
@@ -56,6 +77,13 @@ from runners.wire import (
 
 GIT_TIMEOUT = 30.0
 CLONE_TIMEOUT = 300.0
+LIST_DEADLINE_S = 360.0  # a whole listing: the clone or fetch, then every read
+LOW_SPEED_BYTES = 1000  # bytes per second, over LOW_SPEED_S seconds
+LOW_SPEED_S = 30
+MAX_FETCH_BYTES = 1 << 30  # what one clone or fetch may add to the disk
+# git's INFINITE_DEPTH: the whole history, and a request the dumb HTTP transport refuses.
+INFINITE_DEPTH = "2147483647"
+_DUMB = "dumb http transport does not support shallow capabilities"
 _URL_SCHEMES = ("https://", "http://", "git://", "ssh://", "git+ssh://", "file://")
 # `git@github.com:owner/repo.git`, the scp-like ssh form.
 _SCP_LIKE = re.compile(r"^[\w.-]+@[\w.-]+:(?!//)")
@@ -82,10 +110,17 @@ URL_PROTOCOLS = "https:http:git:ssh"
 LOCAL_PROTOCOLS = URL_PROTOCOLS + ":file"
 
 
+# Through the environment, so that every git command (and its remote helper) reads them.
+_CONFIG = {"gc.auto": "0", "maintenance.auto": "false"}
+
+
 def _git_env(protocols: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if k in _PASSED}
     if "SSL_CERT_FILE" in env and "GIT_SSL_CAINFO" not in env:
         env["GIT_SSL_CAINFO"] = env["SSL_CERT_FILE"]  # git's curl reads its own variable
+    env["GIT_CONFIG_COUNT"] = str(len(_CONFIG))
+    for i, (key, value) in enumerate(_CONFIG.items()):
+        env[f"GIT_CONFIG_KEY_{i}"], env[f"GIT_CONFIG_VALUE_{i}"] = key, value
     return env | {
         "HOME": os.devnull,  # no ~/.gitconfig, no credential store
         "GIT_CONFIG_NOSYSTEM": "1",
@@ -93,8 +128,21 @@ def _git_env(protocols: str) -> dict[str, str]:
         "GIT_TERMINAL_PROMPT": "0",
         "GIT_SSH_COMMAND": "ssh -o BatchMode=yes",
         "GIT_ALLOW_PROTOCOL": protocols,
+        "GIT_HTTP_LOW_SPEED_LIMIT": str(LOW_SPEED_BYTES),
+        "GIT_HTTP_LOW_SPEED_TIME": str(LOW_SPEED_S),
         "LC_ALL": "C",
     }
+
+
+@dataclass(frozen=True)
+class _Call:
+    """Who runs git now and the listing's deadline (`time.monotonic`), if any."""
+
+    run_as: Identity | None = None
+    deadline: float | None = None
+
+
+_CALL: ContextVar[_Call] = ContextVar("git_call", default=_Call())  # noqa: B039 - frozen
 
 
 def _git(
@@ -102,19 +150,39 @@ def _git(
     cwd: Path | None = None,
     timeout: float = GIT_TIMEOUT,
     protocols: str = LOCAL_PROTOCOLS,
+    fetch: gitrun.Fetch | None = None,
 ) -> str:
+    """``git ARGS`` bounded (`runners.gitrun`), as `_CALL`'s user, within its deadline."""
     what = f"git {args[0]}"
-    try:
-        done = subprocess.run(
-            ["git", *args], cwd=cwd, env=_git_env(protocols), capture_output=True, text=True,
-            timeout=timeout,
-        )  # fmt: skip
-    except FileNotFoundError:
-        raise CommitsError("git is not installed") from None
-    except subprocess.TimeoutExpired:
-        raise CommitsError(f"{what} timed out after {timeout:g} s") from None
-    if done.returncode != 0:
-        raise CommitsError(f"{what} failed: {_reason(done.stderr, done.returncode)}")
+    call = _CALL.get()
+    late = f"{what} timed out after {timeout:g} s"
+    if call.deadline is not None and call.deadline - time.monotonic() < timeout:
+        late = f"{what} stopped: listing the commits took longer than {LIST_DEADLINE_S:g} s"
+        timeout = max(call.deadline - time.monotonic(), 0.0)
+    done = gitrun.run(list(args), cwd=Path(cwd or "/"), env=_git_env(protocols),
+                      run_as=call.run_as, timeout=timeout, fetch=fetch)  # fmt: skip
+    if done.error is not None:
+        if "No such file or directory" in done.error:
+            raise CommitsError("git is not installed")
+        raise CommitsError(f"{what} could not start: {done.error}")
+    if done.timed_out:
+        raise CommitsError(late)
+    if done.over_cap:
+        cap = (fetch.max_bytes if fetch else MAX_FETCH_BYTES) / (1 << 20)
+        raise CommitsError(
+            f"{what} stopped: the repository sent more than {cap:.3g} MiB, the most a "
+            "commits listing fetches"
+        )
+    if done.over_output:
+        raise CommitsError(f"{what} printed more than {gitrun.MAX_OUTPUT >> 20} MiB")
+    if _DUMB in done.stderr:
+        raise CommitsError(
+            f"{what} refused: the server speaks only git's dumb HTTP protocol, which cannot "
+            "leave out file contents; a commits listing needs smart HTTP (git http-backend, "
+            "any forge)"
+        )
+    if done.exit_code != 0:
+        raise CommitsError(f"{what} failed: {_reason(done.stderr, done.exit_code or 0)}")
     return done.stdout
 
 
@@ -197,32 +265,58 @@ def _resolve(repo_dir: Path, ref: str) -> str:
         raise CommitsError(f"{ref} is not a commit in {repo_dir}") from None
 
 
-def checkout_for(repo: str, cache_dir: Path, *, timeout: float = CLONE_TIMEOUT) -> Path:
-    """A git directory holding `repo`'s commits and tags: the path itself, or a cached clone."""
-    if not is_url(repo):
-        path = Path(repo).expanduser()
-        if not _is_repo_root(path):
+@contextmanager
+def checkout_for(repo: str, cache_dir: Path, *, timeout: float | None = None) -> Iterator[Path]:
+    """A git directory holding `repo`'s commits and tags while the block runs: the path
+    itself (a path or a file:// URL), or the cached clone of a URL, fetched again (held:
+    nothing else fetches into it or evicts it meanwhile; git runs as its owner)."""
+    local = _local_path(repo)
+    if local is not None:
+        if not _is_repo_root(local):
             raise CommitsError(f"repo {repo} is not a git repository")
-        return path.resolve()
-    # A file:// URL is the user's own clone (`bisect-cli run`; the API takes http(s) only).
-    protocols = LOCAL_PROTOCOLS if repo.startswith("file://") else URL_PROTOCOLS
-    dest = Path(cache_dir) / hashlib.sha256(repo.encode()).hexdigest()[:16]
-    refspecs = ["+refs/heads/*:refs/heads/*", "+refs/tags/*:refs/tags/*"]
-    if (dest / "HEAD").is_file():
-        # The clone remembers the URL (origin) and the blob filter.
-        _git("fetch", "--quiet", "--prune", "origin", *refspecs, cwd=dest, timeout=timeout,
-             protocols=protocols)  # fmt: skip
-        return dest
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    partial = dest.with_name(dest.name + f".partial-{os.getpid()}")
+        yield local.resolve()
+        return
+    owner = identities().build
+    root = Path(cache_dir)
+    reason = blocked_by(root, owner, "x")
+    if reason is not None:
+        raise CommitsError(f"git cache {root} is not reachable by {owner}: {reason}")
     try:
-        _git("clone", "--quiet", "--bare", "--filter=blob:none", "--", repo, str(partial),
-             timeout=timeout, protocols=protocols)  # fmt: skip
-        partial.rename(dest)
-    finally:
-        if partial.exists():
-            shutil.rmtree(partial, ignore_errors=True)
-    return dest
+        with gitcache.use(root, repo, owner) as slot:
+            token = _CALL.set(replace(_CALL.get(), run_as=owner))
+            try:
+                _fetch_into(slot, repo, CLONE_TIMEOUT if timeout is None else timeout)
+                yield slot.path
+            finally:
+                _CALL.reset(token)
+    except (gitcache.CacheError, OSError) as exc:
+        raise CommitsError(str(exc)) from None
+
+
+def _local_path(repo: str) -> Path | None:
+    """The path a repository names on this machine (a path or a file:// URL), else None."""
+    if repo.startswith("file://"):
+        return Path(unquote(urlsplit(repo).path))
+    return None if is_url(repo) else Path(repo).expanduser()
+
+
+def _fetch_into(slot: gitcache.Slot, repo: str, timeout: float) -> None:
+    """Fetch into the slot's clone, or clone into a new one; refuse a shallow result."""
+    refspecs = ["+refs/heads/*:refs/heads/*", "+refs/tags/*:refs/tags/*"]
+    if slot.ready:
+        # The clone remembers the URL (origin) and the blob filter.
+        _git("fetch", "--quiet", "--prune", f"--depth={INFINITE_DEPTH}", "origin", *refspecs,
+             cwd=slot.path, timeout=timeout, protocols=URL_PROTOCOLS,
+             fetch=gitrun.Fetch(slot.path, MAX_FETCH_BYTES))  # fmt: skip
+    else:
+        new = slot.fresh()
+        _git("clone", "--quiet", "--bare", "--template=", "--filter=blob:none",
+             f"--depth={INFINITE_DEPTH}", "--no-single-branch", "--", repo, ".", cwd=new,
+             timeout=timeout, protocols=URL_PROTOCOLS,
+             fetch=gitrun.Fetch(new, MAX_FETCH_BYTES))  # fmt: skip
+        slot.promote()
+    if (slot.path / "shallow").exists():
+        raise CommitsError(f"repo {repo}: the server sent a shallow history (cut short)")
 
 
 def _is_repo_root(path: Path) -> bool:
@@ -292,10 +386,15 @@ MAX_COMMITS = MAX_REPORT_COMMITS
 def list_range(repo: str, package: str, good: str, bad: str, cache_dir: Path) -> list[Commit]:
     """The commits a commit search bisects: the good release's tag commit (its good bound),
     then the first-parent commits after it up to the bad release's tag, oldest first."""
-    where = checkout_for(repo, cache_dir)
-    old_tag = tag_for(where, package, good, shown=repo)
-    new_tag = tag_for(where, package, bad, shown=repo)
-    found = [tag_commit(where, old_tag), *list_commits(where, old_tag, new_tag, shown=repo)]
+    token = _CALL.set(_Call(deadline=time.monotonic() + LIST_DEADLINE_S))
+    try:
+        with checkout_for(repo, cache_dir) as where:
+            old_tag = tag_for(where, package, good, shown=repo)
+            new_tag = tag_for(where, package, bad, shown=repo)
+            found = [tag_commit(where, old_tag),
+                     *list_commits(where, old_tag, new_tag, shown=repo)]  # fmt: skip
+    finally:
+        _CALL.reset(token)
     if len(found) > MAX_COMMITS:
         raise CommitsError(
             f"{len(found) - 1} commits between {old_tag} and {new_tag}; at most "

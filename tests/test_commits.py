@@ -1,5 +1,6 @@
 """runners.commits and service.example.gitrepo, on real git repositories (and one real uv build)."""
 
+import os
 import socket
 import subprocess
 import sys
@@ -24,15 +25,17 @@ from runners.commits import (
     tag_for,
 )
 from runners.trial import LocalExecutor
+from runners.users import identities
 from runners.wire import CommitRange, EnvSpec, TrialSpec
+from service.example.githttp import serve_smart
 from service.example.gitrepo import (
     BROKEN_SUBJECT,
     FIX_SUBJECT,
     LEAK_SUBJECT,
     _git,
     build_repo,
-    serve_repo,
 )
+from tests.gitfixture import bare_copy
 
 SUBJECTS = [
     "docs: explain the noise knobs",
@@ -176,54 +179,65 @@ def test_list_commits_follows_first_parent(tmp_path):
     assert list_commits(repo, "v1.0.6", "v1.0.7") == [Commit(merge, "Merge branch 'side'")]
 
 
-def test_checkout_for_url_clones_and_fetches(fixture_repo, tmp_path):
-    origin = build_repo(tmp_path / "origin", commits=2, leaking=2, broken=None)
-    url = origin.path.as_uri()
-    clone = checkout_for(url, tmp_path / "cache")
-    assert clone.parent == tmp_path / "cache" and len(clone.name) == 16
-    assert _git(clone, "rev-parse", "--is-bare-repository") == "true"
-    assert _git(clone, "config", "remote.origin.partialclonefilter") == "blob:none"
-    assert [(c.sha, c.subject) for c in list_commits(clone, "v1.0.5", "v1.0.6")] == list(
-        origin.commits
-    )
-    assert sorted(p.name for p in (tmp_path / "cache").iterdir()) == [clone.name]
-    # Present: fetched again, so a new tag upstream shows up.
-    (origin.path / "NEWS").write_text("1.0.7\n")
-    _git(origin.path, "add", "--all")
-    _git(origin.path, "commit", "--quiet", "-m", "release 1.0.7", date=1706900000)
-    _git(origin.path, "tag", "v1.0.7")
-    assert checkout_for(url, tmp_path / "cache") == clone
-    assert tag_for(clone, "leakyfixture", "1.0.7") == "v1.0.7"
-    assert list_commits(clone, "v1.0.6", "v1.0.7") == [
-        Commit(_git(origin.path, "rev-parse", "HEAD"), "release 1.0.7")
-    ]
+def test_checkout_for_url_clones_and_fetches(reachable_tmp: Path) -> None:
+    """A URL is cloned bare and blob-less (smart HTTP), into a clone of the user git runs
+    as; a later listing fetches into the same clone."""
+    origin = build_repo(reachable_tmp / "origin", commits=2, leaking=2, broken=None)
+    served = bare_copy(origin.path, reachable_tmp / "served" / "origin.git")
+    cache = reachable_tmp / "cache"
+    build = identities().build
+    with serve_smart(served.parent) as base:
+        url = f"{base}/origin.git"
+        with checkout_for(url, cache) as clone:
+            assert clone.parent == cache and len(clone.name) == 16
+            assert clone.stat().st_uid == (build.uid if build else os.getuid())
+            assert "\tpartialclonefilter = blob:none\n" in (clone / "config").read_text()
+            assert [(c.sha, c.subject) for c in list_commits(clone, "v1.0.5", "v1.0.6")] == (
+                list(origin.commits)
+            )
+        assert sorted(p.name for p in cache.iterdir() if p.is_dir()) == [clone.name]
+        # Present: fetched again, so a new tag upstream shows up.
+        (origin.path / "NEWS").write_text("1.0.7\n")
+        _git(origin.path, "add", "--all")
+        _git(origin.path, "commit", "--quiet", "-m", "release 1.0.7", date=1706900000)
+        _git(origin.path, "tag", "v1.0.7")
+        _git(origin.path, "push", "--quiet", str(served), "main", "v1.0.7")
+        with checkout_for(url, cache) as again:
+            assert again == clone
+            assert tag_for(clone, "leakyfixture", "1.0.7") == "v1.0.7"
+            assert list_commits(clone, "v1.0.6", "v1.0.7") == [
+                Commit(_git(origin.path, "rev-parse", "HEAD"), "release 1.0.7")
+            ]
 
 
 def test_checkout_for_paths(fixture_repo, tmp_path):
-    assert checkout_for(str(fixture_repo.path), tmp_path / "cache") == fixture_repo.path.resolve()
+    """A path, or a file:// URL (`bisect-cli run` only), is the user's own clone: used as it
+    is, never copied into the cache."""
+    for local in (str(fixture_repo.path), fixture_repo.path.as_uri()):
+        with checkout_for(local, tmp_path / "cache") as where:
+            assert where == fixture_repo.path.resolve()
     for not_repo in (tmp_path, fixture_repo.path / "leakyfixture", tmp_path / "missing"):
-        with pytest.raises(CommitsError) as e:
-            checkout_for(str(not_repo), tmp_path / "cache")
+        with pytest.raises(CommitsError) as e, checkout_for(str(not_repo), tmp_path / "cache"):
+            pass
         assert str(e.value) == f"repo {not_repo} is not a git repository"
     missing = (tmp_path / "nowhere").as_uri()
-    with pytest.raises(CommitsError) as e:
-        checkout_for(missing, tmp_path / "cache")
-    assert str(e.value) == (
-        f"git clone failed: '{tmp_path / 'nowhere'}' does not appear to be a git repository"
-    )
-    assert not (tmp_path / "cache").exists() or list((tmp_path / "cache").iterdir()) == []
+    with pytest.raises(CommitsError) as e, checkout_for(missing, tmp_path / "cache"):
+        pass
+    assert str(e.value) == f"repo {missing} is not a git repository"
+    assert not (tmp_path / "cache").exists()
 
 
-def test_checkout_for_times_out_with_one_line(tmp_path):
+def test_checkout_for_times_out_with_one_line(reachable_tmp: Path) -> None:
     """A server that accepts and never answers: the clone ends at the timeout, nothing left."""
+    cache = reachable_tmp / "cache"
     with socket.socket() as server:
         server.bind(("127.0.0.1", 0))
         server.listen(1)
         url = f"git://127.0.0.1:{server.getsockname()[1]}/r.git"
-        with pytest.raises(CommitsError) as e:
-            checkout_for(url, tmp_path / "cache", timeout=1)
+        with pytest.raises(CommitsError) as e, checkout_for(url, cache, timeout=1):
+            pass
     assert str(e.value) == "git clone timed out after 1 s"
-    assert list((tmp_path / "cache").iterdir()) == []
+    assert [p for p in cache.iterdir() if p.is_dir()] == []
 
 
 def test_source_ref():
@@ -268,12 +282,14 @@ RANGE = {"package": "leakyfixture", "good": "1.0.5", "bad": "1.0.6"}
 
 
 def test_a_commits_trial_lists_the_range_over_http(fixture_repo, reachable_tmp: Path) -> None:
-    """What a runner does for a commits trial (the local executor): clone over http (git's
-    dumb protocol, as a static forge serves it), then the good tag's commit and the 12 after
-    it; a later trial fetches into the same cached clone."""
+    """What a runner does for a commits trial (the local executor): clone over smart http,
+    as a forge serves it, then the good tag's commit and the 12 after it; a later trial
+    fetches into the same cached clone."""
     tagged = _git(fixture_repo.path, "rev-parse", "v1.0.5^{commit}")
     executor = LocalExecutor(reachable_tmp / "envs", reachable_tmp / "cache")
-    with serve_repo(fixture_repo.path) as url:
+    bare_copy(fixture_repo.path, reachable_tmp / "served" / "leakyfixture.git")
+    with serve_smart(reachable_tmp / "served") as base:
+        url = f"{base}/leakyfixture.git"
         spec = TrialSpec(
             trial_id=7,
             kind="commits",
@@ -288,7 +304,7 @@ def test_a_commits_trial_lists_the_range_over_http(fixture_repo, reachable_tmp: 
         (tagged, "release 1.0.5"), *fixture_repo.commits
     ]  # fmt: skip
     assert again.commits == report.commits
-    assert len(list((reachable_tmp / "cache" / "git").iterdir())) == 1
+    assert len([p for p in (reachable_tmp / "cache" / "git").iterdir() if p.is_dir()]) == 1
     assert (report.samples, report.exit_code) == ([], None)  # nothing ran
 
 
