@@ -260,12 +260,27 @@ def read_path(
 # --------------------------------------------------------------------------- removal
 
 
-def remove_tree(path: str | os.PathLike[str]) -> None:
+def remove_tree(path: str | os.PathLike[str], *, held: int | None = None) -> None:
     """Remove `path` and everything under it without following a link anywhere; a link
-    at `path` itself is removed, never what it points to. Missing is fine."""
+    at `path` itself is removed, never what it points to. Missing is fine.
+
+    `held`: a descriptor of the directory `path` named when it was made. It is emptied
+    through that descriptor, and the name removed only while it still names that
+    directory: its untrusted owner may have renamed it and put a link in its place.
+    """
     path = Path(path)
     with dir_fd(path.parent) as parent:
-        remove_entry(parent, path.name)
+        if held is None:
+            remove_entry(parent, path.name)
+            return
+        _empty(held)
+        try:
+            now = os.lstat(path.name, dir_fd=parent)
+        except FileNotFoundError:
+            return
+        was = os.fstat(held)
+        if (now.st_dev, now.st_ino) == (was.st_dev, was.st_ino):
+            _unlink(parent, path.name, dir=True)
 
 
 def remove_entry(parent: int, name: str) -> None:
@@ -291,7 +306,8 @@ def remove_entry(parent: int, name: str) -> None:
 def _empty(top: int) -> None:
     """Remove everything inside the directory `top`, iteratively (a deep tree does not
     exhaust Python's stack; one descriptor per level is held)."""
-    stack = [(top, None)]
+    _usable(top)
+    stack: list[tuple[int, str | None]] = [(top, None)]
     while stack:
         fd, _ = stack[-1]
         descended = False
@@ -307,6 +323,7 @@ def _empty(top: int) -> None:
             if child is None:
                 _unlink(fd, name, dir=False)
                 continue
+            _usable(child)
             stack.append((child, name))
             descended = True
             break
@@ -316,6 +333,15 @@ def _empty(top: int) -> None:
         if name is not None:
             os.close(fd)
             _unlink(stack[-1][0], name, dir=True)
+
+
+def _usable(fd: int) -> None:
+    """Let this directory's owner list and change it (a non-root runner removing what
+    a script made 0500 or 0000), through the descriptor."""
+    mode = os.fstat(fd).st_mode
+    if mode & 0o700 != 0o700:
+        with contextlib.suppress(OSError):
+            os.fchmod(fd, 0o700)
 
 
 def _open_for_removal(parent: int, name: str) -> int | None:
