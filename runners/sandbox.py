@@ -26,7 +26,11 @@ prefix. A job variable with that prefix is refused (`InvalidInput`, field
 ``variables``); the API validates variables otherwise, this module does not.
 
 **Directories.** `private_dir` makes a directory only its user can enter (0700, owned by
-the trial or build user) and removes it afterwards, whatever the code left in it.
+the trial or build user) and removes it afterwards, whatever the code left in it. The
+runner is root and that user can change the directory, so every file root puts in it,
+chowns or removes there goes through `runners.safefs` (directory descriptors, no link
+followed): the files and subdirectories it is given are made while the directory is
+still root's, and only then is the directory handed over (``fchown`` on its descriptor).
 `shared_dir` prepares the environment root and the uv cache: owned by the build user,
 mode 0755, so the trial user can read and run the environments but not change them;
 it fails with one line naming the path that blocks and the fix.
@@ -44,7 +48,6 @@ import contextlib
 import logging
 import os
 import re
-import shutil
 import signal
 import tempfile
 import threading
@@ -52,6 +55,7 @@ import time
 from collections.abc import Collection, Iterator, Mapping
 from pathlib import Path
 
+from runners import safefs
 from runners.errors import InvalidInput, Unavailable
 from runners.shim import children
 from runners.users import Identity, blocked_by
@@ -120,55 +124,79 @@ def scrub(env: Mapping[str, str]) -> dict[str, str]:
 
 
 def _chown(path: Path, who: Identity | None) -> None:
+    """By name: only for directories no untrusted user can change (`shared_dir`)."""
     if who is not None:
         os.chown(path, who.uid, who.gid)
 
 
-def _make_private(path: Path, who: Identity | None) -> Path:
-    path.mkdir(mode=0o700)
-    _chown(path, who)
-    path.chmod(0o700)
-    return path
+def _hand_over(fd: int, who: Identity | None) -> None:
+    """Give the directory open as `fd` to `who`: on the descriptor, never a name."""
+    if who is not None:
+        os.fchown(fd, who.uid, who.gid)
 
 
-def remove_tree(path: Path) -> None:
-    """Remove what untrusted code left, even directories it made unreadable (as non-root)."""
+def _make_private(parent: int, name: str, who: Identity | None) -> None:
+    """``name`` in the directory `parent`: new (never one already there), 0700, `who`'s."""
+    uid, gid = (who.uid, who.gid) if who is not None else (None, None)
+    os.close(safefs.make_dir(parent, name, mode=0o700, uid=uid, gid=gid))
 
-    def fix(_func: object, p: str, _exc: object) -> None:
-        with contextlib.suppress(OSError):
-            os.chmod(os.path.dirname(p), 0o700)
-            if os.path.isdir(p) and not os.path.islink(p):
-                os.chmod(p, 0o700)
-                shutil.rmtree(p, ignore_errors=True)
-            else:
-                os.unlink(p)
 
-    if path.exists() or path.is_symlink():
-        shutil.rmtree(path, onerror=fix)  # (onexc is 3.12+)
+def remove_tree(path: Path, held: int | None = None) -> None:
+    """Remove what untrusted code left, following no link (`runners.safefs.remove_tree`;
+    `held`: the directory's descriptor from when it was made); a failure is logged, not
+    raised: the trial's result matters more than its litter."""
+    try:
+        safefs.remove_tree(path, held=held)
+    except FileNotFoundError:
+        return
+    except OSError as exc:
+        log.warning("could not remove %s: %s", path, exc)
 
 
 @contextlib.contextmanager
-def private_dir(who: Identity | None, prefix: str) -> Iterator[Path]:
-    """A fresh directory under the system temp dir, 0700 and owned by `who`; removed after."""
+def private_dir(
+    who: Identity | None,
+    prefix: str,
+    *,
+    files: Mapping[str, bytes] | None = None,
+    subdirs: Collection[str] = (),
+) -> Iterator[Path]:
+    """A fresh directory under the system temp dir, 0700 and owned by `who`; removed after.
+
+    `subdirs` (0700, `who`'s) and `files` (0600, `who`'s) are made in it while it is still
+    root's, so nobody can plant a link at their names first; only then is it handed over.
+    """
     top = Path(tempfile.mkdtemp(prefix=prefix))
+    fd = safefs.open_dir(top)
     try:
-        _chown(top, who)
+        uid, gid = (who.uid, who.gid) if who is not None else (None, None)
+        for name in subdirs:
+            _make_private(fd, name, who)
+        for name, data in (files or {}).items():
+            safefs.create_file(fd, name, data, uid=uid, gid=gid, mode=0o600)
+        _hand_over(fd, who)
         yield top
     finally:
-        remove_tree(top)
+        try:
+            remove_tree(top, held=fd)
+        finally:
+            os.close(fd)
 
 
 def private_subdir(parent: Path, name: str, who: Identity | None) -> Path:
-    """``parent/name``, 0700 and owned by `who` (a trial's HOME or TMPDIR)."""
-    return _make_private(parent / name, who)
+    """``parent/name``, new, 0700 and owned by `who` (a trial's HOME or TMPDIR)."""
+    with safefs.dir_fd(parent) as fd:
+        _make_private(fd, name, who)
+    return parent / name
 
 
-def give(path: Path, who: Identity | None, mode: int = 0o600, text: str | None = None) -> Path:
-    """Hand a file to `who` (the trial's script): write `text` first when given."""
-    if text is not None:
-        path.write_text(text)
-    _chown(path, who)
-    path.chmod(mode)
+def give(path: Path, who: Identity | None, mode: int = 0o600, text: str = "") -> Path:
+    """Create `path` holding `text` for `who`: a new file (`runners.safefs.create_file`:
+    no link followed, owner and mode set on its descriptor); `runners.safefs.UnsafePath`
+    when something is already there."""
+    uid, gid = (who.uid, who.gid) if who is not None else (None, None)
+    with safefs.dir_fd(path.parent) as fd:
+        safefs.create_file(fd, path.name, text.encode(), uid=uid, gid=gid, mode=mode)
     return path
 
 

@@ -7,6 +7,10 @@ the trial's environment only (a separate environment, never the user's), and whe
 does not install the trial still ends, with the reason as its profile's ``error``.
 `TrialSpec.trace_stop` reaches the helper as its ``MARKERS SECONDS`` arguments
 (`stop_args`): the helper ends the traced run itself and still writes its profile.
+
+The profile is written by the trial user in a directory it owns: root reads it only
+through `runners.safefs` (`read_profile`), never following a link, never opening a FIFO
+or a device, never reading past `MAX_PROFILE_BYTES`.
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from runners import safefs
 from runners.wire import EnvResult, EnvSpec, Tracer, TraceStop, TrialSpec
 
 MEMRAY_REQUIREMENT = "memray"
@@ -59,14 +64,18 @@ def failed_build(spec: TrialSpec, env: EnvResult) -> dict[str, Any] | None:
     return not_installed("memray", env.error) if tracer_of(spec) == "memray" else None
 
 
-def read_profile(path: Path) -> dict[str, Any]:
-    """The profile the helper wrote, or ``{"error": why}``; never more than the cap."""
+def read_profile(path: Path, *, uid: int | None = None) -> dict[str, Any]:
+    """The profile the helper wrote, or ``{"error": why}``; never more than the cap.
+
+    The trial user owns the directory and may have put anything at `path`: it is read
+    through `runners.safefs.read_path` (a regular file with one link, owned by `uid` when
+    given, at most `MAX_PROFILE_BYTES`); a link, a FIFO, a device or a file too large is
+    the profile's one-line error, not a failed trial (and nothing blocks)."""
     try:
-        size = path.stat().st_size
-        return parse_profile(None if size > MAX_PROFILE_BYTES else path.read_bytes(), size)
-    except FileNotFoundError:
-        return parse_profile(None)
-    except OSError as exc:
+        return parse_profile(safefs.read_path(path, MAX_PROFILE_BYTES, uid=uid))
+    except safefs.TooLarge as exc:
+        return parse_profile(None, exc.size)
+    except OSError as exc:  # UnsafePath included: its message names the file and why
         return {"error": f"the profile could not be read: {exc}"}
 
 

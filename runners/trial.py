@@ -10,12 +10,13 @@ process group.
 `execute_trial` is the local executor's work, by `TrialSpec.kind`:
 
 * ``"run"``: build (or reuse) the environment as the build user, then run the script as
-  the trial user (both when the runner is root: `runners.users`) in a private working
-  directory (0700, owned by the trial user, removed afterwards) holding the script, its
-  ``HOME`` and its ``TMPDIR``, with the allowlisted environment plus the job's own
-  ``variables`` (`runners.sandbox.allowed_env`). The report carries at most
-  `MAX_REPORT_SAMPLES` samples (`runners.series.downsample`: min and max per time
-  bucket) and ``samples_taken`` says how many were taken.
+  the trial user (both when the runner is root: `runners.users`, a user leased for the
+  trial) in a private working directory (0700, owned by the trial user, removed
+  afterwards) holding the script, its ``HOME`` and its ``TMPDIR``, all made while the
+  directory is still root's (`runners.sandbox.private_dir`), with the allowlisted
+  environment plus the job's own ``variables`` (`runners.sandbox.allowed_env`). The
+  report carries at most `MAX_REPORT_SAMPLES` samples (`runners.series.downsample`: min
+  and max per time bucket) and ``samples_taken`` says how many were taken.
 * ``"attribute"``: as ``"run"``, with the script under the allocation tracer
   `TrialSpec.trace` (`runners.tracing`: memray is added to the environment for it),
   which ends the run itself at `TrialSpec.trace_stop`, and the tracer's profile in
@@ -41,12 +42,13 @@ from runners.envs import EnvError, build_env, prepare_dirs, resolve_pins
 from runners.errors import InvalidInput
 from runners.executor import Execution, run_script
 from runners.nvml import GpuProbe
-from runners.sandbox import allowed_env, give, private_dir, private_subdir
+from runners.sandbox import allowed_env, private_dir
 from runners.series import downsample
-from runners.users import identities
+from runners.users import lease_trial_user
 from runners.wire import MAX_REPORT_SAMPLES, EnvResult, Sample, TrialReport, TrialSpec
 
 Kill = Callable[[], None]
+SUBDIRS = ("home", "tmp")  # the trial's HOME and TMPDIR, in its work dir
 
 
 class Executor(Protocol):
@@ -140,20 +142,23 @@ def _run(
     on_start: Callable[[Kill], None] | None,
 ) -> tuple[Execution, dict | None]:
     """The script in a private working directory with its own HOME and TMPDIR; with
-    `spec.trace`, under the tracer, and the profile it wrote."""
-    trial_user = identities().trial
-    with private_dir(trial_user, "leakbisect-trial-") as work:
-        home = private_subdir(work, "home", trial_user)
-        tmp = private_subdir(work, "tmp", trial_user)
-        env = allowed_env(home=home, tmpdir=tmp, variables=spec.variables)
-        script = work / Path(spec.script_name).name
-        script.write_text(spec.script)
-        give(script, trial_user)
-        command, args, tracer = script, [], tracing.tracer_of(spec)
+    `spec.trace`, under the tracer, and the profile it wrote.
+
+    The script (and the tracer's helper) are written while the directory is root's; the
+    trial user gets it only then (`private_dir`), so no one can plant a link at their
+    names first, and root reads the profile back only through `runners.safefs`."""
+    name, tracer = script_name(spec), tracing.tracer_of(spec)
+    files = {name: spec.script.encode()}
+    if tracer:
+        files[tracing.HELPER_NAME] = tracing.helper_source().encode()
+    with (
+        lease_trial_user() as trial_user,
+        private_dir(trial_user, "leakbisect-trial-", files=files, subdirs=SUBDIRS) as work,
+    ):
+        env = allowed_env(home=work / "home", tmpdir=work / "tmp", variables=spec.variables)
+        command, args, script = work / name, [], work / name
         if tracer:
             command = work / tracing.HELPER_NAME
-            command.write_text(tracing.helper_source())
-            give(command, trial_user)
             args = tracing.helper_args(tracer, work / tracing.PROFILE_NAME, script,
                                        tracing.stop_args(spec.trace_stop))  # fmt: skip
         run = run_script(
@@ -172,8 +177,17 @@ def _run(
             run_as=trial_user,
             early_stop=spec.early_stop,
         )
-        profile = tracing.read_profile(work / tracing.PROFILE_NAME) if args else None
+        owner = trial_user.uid if trial_user is not None else None
+        profile = tracing.read_profile(work / tracing.PROFILE_NAME, uid=owner) if args else None
         return run, profile
+
+
+def script_name(spec: TrialSpec) -> str:
+    """The script's file name in the work dir: `TrialSpec.script_name`'s last part, or
+    ``repro.py`` when that names nothing or a file the runner puts there itself."""
+    name = Path(spec.script_name).name
+    taken = {"", ".", "..", *SUBDIRS, tracing.HELPER_NAME, tracing.PROFILE_NAME}
+    return "repro.py" if name in taken else name
 
 
 def _report(spec: TrialSpec, env: EnvResult, run: Execution) -> TrialReport:
