@@ -12,7 +12,8 @@ through a link, refused in one line when it is not a directory of the runner's o
   evicted. Its mtime is the clone's last use, its content the clone's size in bytes
   after that use (what eviction adds up, without walking every clone);
 - ``<key>.new/``: a clone being made (owned by the git user); renamed to ``<key>`` when
-  complete, removed when found with its lock free (a listing that was killed).
+  complete, removed when found with its lock free (a listing that was killed). A listing
+  that made no clone removes its lock file: a failing URL leaves nothing behind.
 
 Eviction, after every use (under ``.evict.lock``, so two listings do not race): a clone
 unused for `MAX_AGE_S` (14 days) goes; then, least recently used first, clones go until
@@ -186,7 +187,10 @@ def use(cache_root: Path, url: str, owner: Identity | None) -> Iterator[Slot]:
             yield Slot(Path(cache_root), key, owner, dirfd)
         finally:
             _remove(dirfd, f"{key}.new")  # a clone that failed
-            _record(dirfd, key, lock_fd)
+            if _owner(dirfd, key) is None:  # none made: nothing to remember
+                os.unlink(f"{key}.lock", dir_fd=dirfd)
+            else:
+                _record(dirfd, key, lock_fd)
             os.close(lock_fd)  # releases the flock
         evict(dirfd)
     finally:
@@ -239,6 +243,9 @@ def evict(dirfd: int, *, now: float | None = None) -> list[str]:
     evict_fd = _lock(dirfd, ".evict.lock", wait=True)
     assert evict_fd is not None
     try:
+        for name in os.listdir(dirfd):
+            if ".partial-" in name:  # a half clone of an older version, which had no lock
+                _remove(dirfd, name)
         entries = _entries(dirfd)
         now = time.time() if now is None else now
         total = sum(e.size for e in entries)

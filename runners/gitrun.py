@@ -166,8 +166,10 @@ def run(
             sup.stop()
             sup.wait_stopped()
         cap.close()  # anything that left the supervisor's tree but not the cgroup
-    out.join(timeout=5.0)
-    err.join(timeout=5.0)
+    for reader in (out, err):
+        reader.join(timeout=5.0)
+        if not reader.is_alive():  # (one still blocked holds the file's lock: leave it)
+            reader.pipe.close()
     outcome = sup.outcome()
     sup.close()
     stderr = err.text()
