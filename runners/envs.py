@@ -107,6 +107,9 @@ BASE_FILE = "leakbisect-base-env.txt"
 MAX_FORCED_ROUNDS = 20
 # A cold install of a large stack (torch and friends) can take many minutes.
 INSTALL_TIMEOUT_S = 3600.0
+# A staging directory this old belongs to a build that died with its runner (a build's
+# uv commands are each bounded by INSTALL_TIMEOUT_S; a base environment runs a few).
+STALE_STAGING_S = 6 * INSTALL_TIMEOUT_S
 
 Log = Callable[[str], None]
 
@@ -291,6 +294,7 @@ def prepare_dirs(root: Path, cache_dir: Path | None = None) -> tuple[Path, Path]
     ids = identities()
     readers = [ids.trial] if ids.trial is not None else []
     root = publish.runner_dir(Path(root), readers, "environment root", ids.build)
+    publish.clear_stale(root, STALE_STAGING_S)
     cache = _cache_root(cache_dir, ids)
     uv = uv_bin()
     reason = blocked_by(Path(uv), ids.build, "x")

@@ -48,6 +48,7 @@ import hashlib
 import os
 import secrets
 import stat
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -191,6 +192,22 @@ def staging_dir(env_root: Path, name: str, build: Identity | None) -> Path:
     """A fresh private build directory under ``<env root>/.staging`` (see the docstring)."""
     top = child_dir(env_root, STAGING, 0o711 if build is not None else 0o700)
     return child_dir(top, f"{name}-{secrets.token_hex(8)}", 0o700, build)
+
+
+def clear_stale(env_root: Path, older_than_s: float) -> None:
+    """Remove staging directories of builds that died with their runner (by descriptors)."""
+    try:
+        fd = safefs.open_dir(env_root / STAGING)
+    except OSError:
+        return
+    try:
+        for name in os.listdir(fd):
+            with contextlib.suppress(OSError):
+                st = os.stat(name, dir_fd=fd, follow_symlinks=False)
+                if time.time() - st.st_mtime > older_than_s:
+                    safefs.remove_entry(fd, name)
+    finally:
+        os.close(fd)
 
 
 # --------------------------------------------------------------------------- the walk

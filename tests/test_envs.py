@@ -12,6 +12,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 import zipfile
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -597,3 +598,15 @@ def test_a_root_owned_by_someone_else_is_refused(build, tmp_path: Path) -> None:
         f"environment root {other} is owned by uid 4242: it must be root's, the runner writes "
         f"it; run: chown root: {other} && chmod 0755 {other}"
     )
+
+
+def test_staging_left_by_a_dead_build_is_cleared(build) -> None:
+    envs.prepare_dirs(build.root, build.cache)
+    staging = build.root / publish.STAGING
+    old, new = staging / "abc-dead", staging / "abc-live"
+    for path in (old, new):
+        (path / "env").mkdir(parents=True)
+    stale = time.time() - envs.STALE_STAGING_S - 60
+    os.utime(old, (stale, stale))
+    envs.prepare_dirs(build.root, build.cache)
+    assert sorted(p.name for p in staging.iterdir()) == ["abc-live"]
