@@ -56,6 +56,9 @@ def judge(job: Job, report: TrialReport) -> Judgement:
     # The horizon the run was judged against and the leak looks it tested (None: the trial
     # had no early-stop settings); verdict reuse reads it (service/reuse.py).
     analysis["early_stop"] = None if report.early_stop is None else report.early_stop.model_dump()
+    # The isolation it ran without (runners/shim.py PROTECTIONS): the report's environment
+    # line says it once per job (service/report.py missing_protections).
+    analysis["missing_protections"] = list(report.missing_protections)
     verdict = run.verdict
     if report.stopped_early and not report.oom_killed:
         # The runner ended it because its rule was sure it leaks (runners/earlystop.py);
