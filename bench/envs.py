@@ -5,13 +5,17 @@ For each candidate, in this order, each into a fresh directory:
 - uv, cold: `runners.envs.build_env` with an empty uv cache (downloads everything);
 - uv, warm shared cache: `build_env` again into a new root, sharing the cache the cold
   build filled (what every candidate after the first gets on a runner: the packages
-  they share are hard-linked, not downloaded);
+  they share are not downloaded; they are hard-linked from the cache as a user, copied
+  as root, where a published environment must share no inode with the build user's
+  cache: `runners.publish`);
 - uv, reused: `build_env` on the same root again (same spec hash: nothing to do);
 - pip, cold: `python -m venv` + `pip install` with an empty pip cache (a shell loop);
 - pip, warm cache: the same with the pip cache the cold pip build filled.
 
 `build_env`'s time includes everything a runner does per candidate: finding the
-Python, `uv venv`, `uv pip install`, and `uv pip freeze` for the record.
+Python, `uv venv`, `uv pip install`, `uv pip freeze` for the record, and publishing
+(taking the tree over, its digest and fingerprint, the rename); a reuse checks the
+fingerprint (one ``lstat`` per file).
 
 Sets: the fixture's `leakyfixture` from the local index (served on 127.0.0.1), and in
 a full run `scipy` + `numpy` from PyPI (two scipy releases as the candidates).
@@ -171,6 +175,6 @@ def notes(res: dict[str, Any]) -> list[str]:
     out.append(
         "A warm pip cache saves only the download: pip still creates a venv with pip in it "
         "(`python -m venv` alone is most of the fixture's time) and unpacks every wheel, "
-        "where uv hard-links the files from its cache."
+        "where uv hard-links the files from its cache (copies them when the runner is root)."
     )
     return out
