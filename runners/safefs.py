@@ -25,9 +25,10 @@ The rules, in the order the code applies them:
    reading (through ``/proc/self/fd``), with ``O_NONBLOCK``, and at most ``max_bytes + 1``
    bytes are read, so a file that grows past the cap is refused, not read without bound.
 5. **Trees are removed without following anything** (`remove_tree`): a walk by
-   descriptors that unlinks links and files and never ``chmod``s by name; a directory the
-   untrusted code made unreadable (possible only when the runner is not root) is opened
-   ``O_PATH|O_NOFOLLOW`` and made 0700 through its descriptor first.
+   descriptors (at most `MAX_DEPTH` held: deeper directories are moved up first, so a
+   tree of any depth goes) that unlinks links and files and never ``chmod``s by name;
+   a directory the untrusted code made unreadable (possible only when the runner is not
+   root) is opened ``O_PATH|O_NOFOLLOW`` and made 0700 through its descriptor first.
 
 Every refusal is `UnsafePath`, whose message is one line naming the file and why.
 """
@@ -45,6 +46,7 @@ from pathlib import Path
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 _PATH_FLAGS = os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC
 _CREATE_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+MAX_DEPTH = 64  # directory descriptors `remove_tree` holds at once
 _KINDS = {
     stat.S_IFLNK: "a symbolic link",
     stat.S_IFIFO: "a FIFO",
@@ -305,7 +307,8 @@ def remove_entry(parent: int, name: str) -> None:
 
 def _empty(top: int) -> None:
     """Remove everything inside the directory `top`, iteratively (a deep tree does not
-    exhaust Python's stack; one descriptor per level is held)."""
+    exhaust Python's stack); one descriptor per level is held, at most `MAX_DEPTH`: a
+    directory deeper than that is moved up into `top` and removed from there."""
     _usable(top)
     stack: list[tuple[int, str | None]] = [(top, None)]
     while stack:
@@ -324,6 +327,10 @@ def _empty(top: int) -> None:
                 _unlink(fd, name, dir=False)
                 continue
             _usable(child)
+            if len(stack) >= MAX_DEPTH:  # hoist the subtree into `top`: fds stay bounded
+                os.close(child)
+                os.rename(name, f".rm-{secrets.token_hex(8)}", src_dir_fd=fd, dst_dir_fd=top)
+                continue
             stack.append((child, name))
             descended = True
             break

@@ -237,3 +237,32 @@ def test_remove_tree_with_a_held_descriptor_leaves_a_swapped_name(
         os.close(held)
     assert list((tmp_path / "moved").iterdir()) == []
     assert top.is_symlink() and outside.exists()
+
+
+def test_remove_tree_of_any_depth_holds_few_descriptors(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A script can nest directories deeper than the descriptor limit: deeper than
+    MAX_DEPTH (8 here) they are moved up and removed from the top, all of them."""
+    monkeypatch.setattr(safefs, "MAX_DEPTH", 8)
+    top = tmp_path / "work"
+    top.mkdir()
+    fd = safefs.open_dir(top)
+    for _ in range(100):
+        new = safefs.make_dir(fd, "d")
+        safefs.create_file(new, "f", b"x")
+        os.close(fd)
+        fd = new
+    os.close(fd)
+    opened = len(os.listdir("/proc/self/fd"))
+    seen: list[int] = []
+    real_open = safefs.open_dir
+
+    def counting(*a: Any, **kw: Any) -> int:
+        seen.append(len(os.listdir("/proc/self/fd")) - opened)
+        return real_open(*a, **kw)
+
+    monkeypatch.setattr(safefs, "open_dir", counting)
+    safefs.remove_tree(top)
+    assert not top.exists()
+    assert max(seen) <= 8 + 2  # the levels held, the parent's and the listing's
