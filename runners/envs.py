@@ -747,7 +747,7 @@ def build_env(
     _check_find_links(spec, ids)
     _check_source(spec, ids)
     key, who = spec_hash(spec), owner_key(owner)
-    owned = publish.child_dir(root, who, 0o755)
+    owned = publish.child_dir(root, who, 0o711)  # trials enter their own; nobody lists
     locks = publish.child_dir(root, publish.LOCKS, 0o700)
     with publish.locked(locks, f"{who}-{key}.lock"):
         build = _Build(spec, owned / key, ids, log, started)
