@@ -17,25 +17,25 @@ SHAs are deterministic: fixed author and committer, a date an hour apart per com
 `init.defaultBranch=main`, and no global or system git config read, so two builds of the
 same arguments give the same SHAs.
 
-`serve_repo(repo)` serves a bare copy of it over git's "dumb" HTTP protocol (plain files
-after `git update-server-info`) on 127.0.0.1, as a forge serves a public repository: what
-the service's runners clone and uv builds `pkg @ git+http://...@SHA` from, offline.
+`serve_repo(repo)` serves a bare copy of it over git's smart HTTP protocol (`git
+http-backend`, `service.example.githttp`) on 127.0.0.1, as a forge serves a public
+repository: what the service's runners clone and uv builds `pkg @ git+http://...@SHA`
+from, offline. (A commits listing refuses git's dumb protocol: it cannot leave out file
+contents, so it sends the whole repository.)
 """
 
 from __future__ import annotations
 
-import functools
 import os
 import subprocess
 import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 from service.example.fixture import NAME, FixtureSpec, module_source
-from service.example.index import serving
+from service.example.githttp import serve_smart
 
 OLD_TAG = "v1.0.5"
 NEW_TAG = "v1.0.6"
@@ -294,11 +294,6 @@ def build_repo(
     )
 
 
-class _Quiet(SimpleHTTPRequestHandler):
-    def log_message(self, format: str, *args: object) -> None:  # noqa: A002 - the base's name
-        pass
-
-
 @contextmanager
 def serve_repo(repo: Path, port: int = 0) -> Iterator[str]:
     """Serve a bare copy of `repo` (as it is now) on 127.0.0.1 while the block runs; yields
@@ -306,8 +301,5 @@ def serve_repo(repo: Path, port: int = 0) -> Iterator[str]:
     with tempfile.TemporaryDirectory(prefix="leakyfixture-git-") as root:
         bare = Path(root) / f"{NAME}.git"
         _git(Path(root), "clone", "--quiet", "--bare", str(Path(repo).resolve()), str(bare))
-        _git(bare, "update-server-info")
-        handler = functools.partial(_Quiet, directory=root)
-        server = ThreadingHTTPServer(("127.0.0.1", port), handler)
-        with serving(server, "leakyfixture-git") as port_served:
-            yield f"http://127.0.0.1:{port_served}/{bare.name}"
+        with serve_smart(Path(root), port=port) as base:
+            yield f"{base}/{bare.name}"
