@@ -610,3 +610,20 @@ def test_staging_left_by_a_dead_build_is_cleared(build) -> None:
     os.utime(old, (stale, stale))
     envs.prepare_dirs(build.root, build.cache)
     assert sorted(p.name for p in staging.iterdir()) == ["abc-live"]
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="every directory is reachable by its only user")
+def test_an_unreachable_root_is_refused_in_one_line(build) -> None:
+    private = build.root.parent / "private"
+    private.mkdir(mode=0o700)
+    ids = users.identities()
+    with pytest.raises(Unavailable) as info:
+        envs.prepare_dirs(private / "envs", build.cache)
+    assert str(info.value) == (
+        f"environment root {private / 'envs'} is not usable by {ids.trial}: "
+        f"{users.describe(private)}; choose a directory every user can reach "
+        "(BISECT_CACHE_DIR, UV_CACHE_DIR)"
+    )
+    with pytest.raises(Unavailable) as info:
+        envs.prepare_dirs(build.root, private / "uv")
+    assert str(info.value).startswith(f"uv cache {private / 'uv'} is not usable by {ids.build}: ")
