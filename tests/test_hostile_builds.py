@@ -43,9 +43,11 @@ import base64, hashlib, os, pathlib, zipfile
 ENV_ROOT = {env_root!r}
 CACHE_ROOT = {cache_root!r}
 VICTIM = {victim!r}
+TARGETS = {targets!r}
 PLANT = {plant!r}
 POISON = {poison!r}
 NAME = "evilpkg"
+PTH = "import sys; print('PWNED')\\n"
 
 
 def _building():
@@ -77,12 +79,16 @@ def _attack():
             _try(lambda: (venv / name).symlink_to(VICTIM))
     if not POISON:
         return
-    for top, dirs, files in os.walk(ENV_ROOT):
-        if os.path.basename(top) == "site-packages":
-            _try(lambda: pathlib.Path(top, "evil.pth").write_text("import sys; print('PWNED')\\n"))
-    for top, dirs, files in os.walk(CACHE_ROOT):
-        if top.endswith("/cleanpkg") and "__init__.py" in files:
-            _try(lambda: pathlib.Path(top, "__init__.py").write_text("print('poisoned')\\n"))
+    # Every directory it can list, and those it knows by name (the names are computable
+    # hashes): the test writes them into TARGETS, as an attacker would guess them.
+    known = [ENV_ROOT, CACHE_ROOT]
+    _try(lambda: known.extend(pathlib.Path(TARGETS).read_text().split()))
+    for start in known:
+        for top, dirs, files in os.walk(start):
+            if os.path.basename(top) == "site-packages":
+                _try(lambda: pathlib.Path(top, "evil.pth").write_text(PTH))
+            if top.endswith("/cleanpkg") and "__init__.py" in files:
+                _try(lambda: pathlib.Path(top, "__init__.py").write_text("print('poisoned')\\n"))
 
 
 def get_requires_for_build_wheel(config_settings=None):
@@ -152,8 +158,10 @@ class Site:
         pack_wheel(self.links / "cleanpkg-1.0-py3-none-any.whl", "cleanpkg", "1.0",
                    {"cleanpkg/__init__.py": CLEAN.encode()}, summary="clean")  # fmt: skip
         settings = {"plant": [], "poison": False, **attack}
+        self.targets = top / "targets"
         _write_sdist(self.links, BACKEND.format(env_root=str(self.root),
-                     cache_root=str(self.cache), victim=str(self.victim), **settings))  # fmt: skip
+                     cache_root=str(self.cache), victim=str(self.victim),
+                     targets=str(self.targets), **settings))  # fmt: skip
         self.index = ""
 
     def spec(self, package: str = "cleanpkg", **kw: object) -> EnvSpec:
@@ -232,6 +240,9 @@ def test_pth_and_cache_edits_reach_no_other_owner(site: Site) -> None:
     alice = site.build(site.spec(), "alice")
     assert _import_clean(alice) == "clean\n"
     published = publish.digest(Path(alice.path), skip=(envs.MARKER,))
+    site_packages = next(Path(alice.path).glob("lib/python*/site-packages"))
+    alices_cache = site.cache / publish.owner_key("alice") / "uv"
+    site.targets.write_text(f"{site_packages}\n{alices_cache}\n")
 
     hostile = site.build(site.spec("evilpkg"), "mallory")
     assert hostile.ok, hostile.error
@@ -246,6 +257,9 @@ def test_pth_and_cache_edits_reach_no_other_owner(site: Site) -> None:
     assert publish.digest(Path(alice.path), skip=(envs.MARKER,)) == published
     assert not list(Path(alice.path).glob("lib/python*/site-packages/evil.pth"))
     assert _import_clean(again) == "clean\n"
+    # Alice's next environment comes from her warm cache, which the backend could not reach.
+    warm = site.build(site.spec(pre=True), "alice")
+    assert not warm.reused and _import_clean(warm) == "clean\n"
 
 
 # --------------------------------------------------------------------------- reuse
