@@ -35,10 +35,14 @@ it builds from reaching anything but its own environment:
   file). It is sound because a file's ctime cannot be set: any write, chmod, chown,
   rename or replacement sets it to the current time (or brings a new inode), and only
   root can move the clock; and no user but root can write a published tree at all.
-* **Writing** (`create_file`): files the runner writes where someone else could plant
-  a name (the record, the constraints kept beside an environment) are created through a
-  directory descriptor with ``O_CREAT|O_EXCL|O_NOFOLLOW``; the record is created under a
-  fresh name in a runner-owned directory and renamed over the old one.
+* **Writing** (`create_file`, `read_record`: `runners.safefs`): the record and the
+  constraint/name files kept beside an environment are created by the runner, after the
+  take-over, through a directory descriptor with ``O_CREAT|O_EXCL|O_NOFOLLOW``: a name the
+  build planted there fails the publish instead of being written through. The record is
+  read back only as a regular, single-link file of the runner's in a directory of the
+  runner's that no one else can write, and at most `MAX_RECORD_BYTES`.
+* **Leftovers** (`clear_stale`): staging directories of builds that died with their
+  runner are removed at the next start, by descriptors.
 """
 
 from __future__ import annotations
