@@ -26,8 +26,10 @@ process group.
   any build) and a report with ``pins``, or ``env.ok=False`` and ``env.error`` when the
   requirements cannot be resolved.
 * ``"commits"``: no script, no build; `runners.commits.answer` lists the commits of
-  `TrialSpec.commit_range` (a blob-less clone cached under ``cache_dir/git``) into
-  ``commits``, or says why in ``env.error``.
+  `TrialSpec.commit_range` (a blob-less clone cached under ``cache_dir/git``:
+  `runners.gitcache`, locked while in use, least recently used evicted over its budget;
+  git bounded like a trial: `runners.gitrun`) into ``commits``, or says why in
+  ``env.error``.
 """
 
 from __future__ import annotations
@@ -118,7 +120,7 @@ def execute_trial(
         return commits.report(spec, commits.answer(spec.commit_range, cache_dir / "git"))
     try:
         env: EnvResult = build_env(
-            tracing.env_of(spec), root=env_root, cache_dir=cache_dir, log=log
+            tracing.env_of(spec), root=env_root, cache_dir=cache_dir, log=log, owner=spec.owner
         )
     except EnvError as exc:
         env = EnvResult(ok=False, error=str(exc))
@@ -212,6 +214,7 @@ def _report(spec: TrialSpec, env: EnvResult, run: Execution) -> TrialReport:
         error=run.error,
         stopped_early=run.stopped_early,
         early_stop=run.early_stop,
+        missing_protections=run.missing_protections,
     )
 
 
@@ -219,7 +222,7 @@ def _resolve(spec: TrialSpec, cache_dir: Path) -> TrialReport:
     """A resolve trial: the pins of ``PKG==VER`` + requirements, or why there are none."""
     started = time.monotonic()
     try:
-        pins = resolve_pins(spec.env, cache_dir=cache_dir)
+        pins = resolve_pins(spec.env, cache_dir=cache_dir, owner=spec.owner)
     except EnvError as exc:
         env = EnvResult(ok=False, error=str(exc), seconds=round(time.monotonic() - started, 3))
         return TrialReport(trial_id=spec.trial_id, attempt=spec.attempt, env=env)

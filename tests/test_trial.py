@@ -10,6 +10,8 @@ from __future__ import annotations
 import io
 import json
 import os
+import pwd
+import re
 import tarfile
 import textwrap
 from pathlib import Path
@@ -23,13 +25,16 @@ from runners.wire import MAX_REPORT_SAMPLES, EnvResult, EnvSpec, Sample, TrialSp
 
 pytestmark = pytest.mark.timeout(300)
 
+# The probe lives 0.3 s after printing so that the 10 Hz sampler sees it at least once: a
+# script that exits within its first few milliseconds may end before the first sample.
 PROBE = """
-import json, os, stat
+import json, os, stat, time
 st = os.stat(".")
 print(json.dumps({
     "env": dict(os.environ), "uid": os.getuid(), "cwd": os.getcwd(),
     "cwd_mode": stat.S_IMODE(st.st_mode), "cwd_uid": st.st_uid,
-}))
+}), flush=True)
+time.sleep(0.3)
 """
 
 
@@ -69,8 +74,9 @@ def test_the_script_gets_the_allowlist_its_variables_and_a_private_home(
     assert "SECRET" not in json.dumps(env)
     assert probe["cwd_mode"] == 0o700
     trial = identities().trial
-    if trial is not None:
-        assert probe["uid"] == probe["cwd_uid"] == trial.uid
+    if trial is not None:  # a slot user of the pool (leakbisect-trial-N), owning its work dir
+        assert probe["uid"] == probe["cwd_uid"]
+        assert re.fullmatch(rf"{trial.name}-\d+", pwd.getpwuid(probe["uid"]).pw_name)
     assert not work.exists()  # removed after the trial
     assert report.samples_taken == len(report.samples) > 0
 
