@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 
 from runners.executor import Execution
+from runners.publish import owner_key
 from runners.trial import _report, execute_trial
 from runners.users import identities
 from runners.wire import MAX_REPORT_SAMPLES, EnvResult, EnvSpec, Sample, TrialSpec
@@ -223,3 +224,21 @@ def test_build_backends_see_no_runner_secrets(
         assert probe["env"]["HOME"].startswith("/tmp/leakbisect-build-"), probe["env"]["HOME"]
         assert probe["uid"] == (build.uid if build is not None else os.getuid())
 
+
+
+def test_each_owner_builds_its_own_environment(
+    fixture_index: str, env_root: Path, uv_cache: Path
+) -> None:
+    # The trial passes its job's owner to the build: one owner's environment (and uv cache)
+    # is never handed to another's trial (issue 24 row 2).
+    paths = {}
+    for owner in ("alice", "bob", "alice"):
+        report = execute_trial(spec(fixture_index, owner=owner, script="print('ok')"),
+                               env_root=env_root, cache_dir=uv_cache)  # fmt: skip
+        assert report.exit_code == 0, report.log_tail
+        paths.setdefault(owner, []).append((report.env.path, report.env.reused))
+    (alice, alice_again), (bob,) = paths["alice"], paths["bob"]
+    assert alice[0] == alice_again[0] != bob[0]
+    assert (alice[1], bob[1], alice_again[1]) == (False, False, True)
+    assert Path(alice[0]).parent.name == owner_key("alice")
+    assert Path(bob[0]).parent.name == owner_key("bob")
