@@ -1,7 +1,22 @@
-"""Database engine, sessions and migrations."""
+"""Database engine, sessions and migrations.
+
+A SQLite results database holds every job's script, variables and logs, so nobody but its
+owner may read it. Rules:
+
+* leakbisect creates the file itself, mode 0600 (``O_CREAT|O_EXCL|O_NOFOLLOW``), before
+  SQLAlchemy's first connection would create it 0644; SQLite gives its ``-wal``, ``-shm``
+  and ``-journal`` files the database file's mode, so they are 0600 too.
+* Directories it creates for the file are 0700 (only the ones it creates).
+* `tighten` (for the default location, which leakbisect made): an existing directory, file
+  or companion of ours that group or others can reach is set to 0700 / 0600.
+* `exposed` names a file group or others can read; the CLI refuses a database the user chose
+  that way (service/cli/db.py) rather than change the mode of a file it did not make.
+"""
 
 import contextlib
 import io
+import os
+import stat
 import tempfile
 from functools import lru_cache
 from pathlib import Path
@@ -9,21 +24,104 @@ from pathlib import Path
 from alembic import command
 from alembic.config import Config
 from sqlalchemy import event
-from sqlalchemy.engine import Engine
+from sqlalchemy.engine import Engine, make_url
 from sqlmodel import create_engine
 
 MIGRATIONS = Path(__file__).resolve().parents[1] / "migrations"
+PRIVATE_FILE = 0o600
+PRIVATE_DIR = 0o700
+# The files SQLite keeps beside a database (WAL mode: -wal and -shm; rollback: -journal).
+COMPANIONS = ("", "-wal", "-shm", "-journal")
 
 
-def _ensure_sqlite_dir(url: str) -> None:
-    path = url.split("///", 1)[-1]
-    if url.startswith("sqlite") and path and path != ":memory:":
-        Path(path).parent.mkdir(parents=True, exist_ok=True)
+def sqlite_path(url: str) -> Path | None:
+    """The file of a SQLite URL; None for another database or an in-memory one."""
+    try:
+        parsed = make_url(url)
+    except Exception:  # noqa: BLE001 - a URL that does not parse is the driver's to report
+        return None
+    database = parsed.database
+    if parsed.get_backend_name() != "sqlite" or not database or database == ":memory:":
+        return None
+    if database.startswith("file:"):
+        return None  # a URI filename: SQLite's to open, with its own options
+    return Path(database)
+
+
+def database_files(path: Path) -> list[Path]:
+    """The database file and the companions SQLite keeps beside it."""
+    return [path.with_name(path.name + suffix) for suffix in COMPANIONS]
+
+
+def _make_private_dirs(directory: Path) -> None:
+    """Create the missing levels of `directory`, each 0700 (existing ones are left)."""
+    missing = []
+    while not directory.exists() and directory != directory.parent:
+        missing.append(directory)
+        directory = directory.parent
+    for level in reversed(missing):
+        with contextlib.suppress(FileExistsError):  # another process made it meanwhile
+            level.mkdir(mode=PRIVATE_DIR)
+
+
+def _create_private(path: Path) -> None:
+    """An empty database file, 0600, unless one exists; never through a link."""
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+    # An existing database (or a link the user made, which SQLite opens) is left as it is.
+    with contextlib.suppress(FileExistsError):
+        os.close(os.open(path, flags, PRIVATE_FILE))
+
+
+def _tighten_one(path: Path, mode: int) -> None:
+    """Set `mode` on `path` if it is ours and wider; a link or another's file is left."""
+    try:
+        st = path.lstat()
+    except FileNotFoundError:
+        return
+    if stat.S_ISLNK(st.st_mode) or st.st_uid != os.geteuid():
+        return
+    if stat.S_IMODE(st.st_mode) & ~mode:
+        os.chmod(path, stat.S_IMODE(st.st_mode) & mode, follow_symlinks=False)
+
+
+def tighten(url: str) -> None:
+    """Make the default database's directory 0700 and its files 0600 (leakbisect made them
+    at this location: a database from before this rule was 0644 in a 0755 directory)."""
+    path = sqlite_path(url)
+    if path is None:
+        return
+    _tighten_one(path.parent, PRIVATE_DIR)
+    for file in database_files(path):
+        _tighten_one(file, PRIVATE_FILE)
+
+
+def exposed(url: str) -> tuple[Path, int] | None:
+    """The first file of a SQLite database that group or others may access, and its mode."""
+    path = sqlite_path(url)
+    if path is None:
+        return None
+    for file in database_files(path):
+        try:
+            mode = stat.S_IMODE(file.stat().st_mode)
+        except OSError:
+            continue
+        if mode & 0o077:
+            return file, mode
+    return None
+
+
+def prepare_sqlite(url: str) -> None:
+    """Create a SQLite database's directory (0700) and file (0600) before SQLite would."""
+    path = sqlite_path(url)
+    if path is None:
+        return
+    _make_private_dirs(path.parent)
+    _create_private(path)
 
 
 def make_engine(url: str) -> Engine:
     if url.startswith("sqlite"):
-        _ensure_sqlite_dir(url)
+        prepare_sqlite(url)
         engine = create_engine(url, connect_args={"check_same_thread": False, "timeout": 30})
 
         @event.listens_for(engine, "connect")
@@ -52,9 +150,8 @@ def alembic_config(url: str, migrations: Path = MIGRATIONS) -> Config:
 
 def upgrade(url: str) -> None:
     """Bring the schema to the newest migration (idempotent)."""
-    _ensure_sqlite_dir(url)
+    prepare_sqlite(url)
     command.upgrade(alembic_config(url), "head")
-
 
 
 def next_revision_id(migrations: Path = MIGRATIONS) -> str:

@@ -1,4 +1,11 @@
-"""`bisect-cli db upgrade | revision`: the results database's schema (Alembic migrations)."""
+"""`bisect-cli db upgrade | revision`: the results database's schema (Alembic migrations).
+
+`results_database` is how every command that opens the results database finds it: the
+default SQLite file (BISECT_DATA_DIR) is leakbisect's own, so its directory is made 0700
+and its files 0600 (service/db.py `tighten`); a SQLite file the user named
+(--database-url, BISECT_DATABASE_URL) that group or others can read is refused in one line
+with the fix (exit 2): leakbisect does not change the mode of a file it was pointed at.
+"""
 
 import json
 from pathlib import Path
@@ -9,7 +16,7 @@ from sqlalchemy.engine import make_url
 
 from service.cli.errors import fail
 from service.cli.options import DatabaseUrl, Json
-from service.db import MIGRATIONS, new_revision
+from service.db import MIGRATIONS, exposed, new_revision, tighten
 from service.db import upgrade as upgrade_schema
 from service.settings import get_settings
 
@@ -28,13 +35,31 @@ def shown(url: str) -> str:
         return url
 
 
+def results_database(given: str | None) -> str:
+    """The results database's URL: `given` (--database-url or BISECT_DATABASE_URL), else
+    the default SQLite file, tightened; a chosen SQLite file others can read fails here."""
+    settings = get_settings()
+    if not given and not settings.database_url:
+        url = settings.effective_database_url
+        tighten(url)
+        return url
+    url = given or settings.effective_database_url
+    if (found := exposed(url)) is not None:
+        path, mode = found
+        fail(
+            f"--database-url: {path} is mode {mode:04o}: other users can read every job's "
+            f"script and logs; run chmod 600 {path}"
+        )
+    return url
+
+
 @app.command()
 def upgrade(database_url: DatabaseUrl = None, json_: Json = False) -> None:
     """Apply every pending migration (idempotent; `serve` does it at start too).
 
     Exit status: 0 done, 2 the database cannot be opened.
     """
-    url = database_url or get_settings().effective_database_url
+    url = results_database(database_url)
     try:
         upgrade_schema(url)
     except Exception as exc:  # noqa: BLE001 - any driver error is one line for the user

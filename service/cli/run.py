@@ -19,7 +19,7 @@ from runners.machine import describe_machine
 from runners.nvml import GpuProbe, open_probe
 from runners.trial import Executor
 from service import store
-from service.cli.db import shown
+from service.cli.db import results_database, shown
 from service.cli.display import LineProgress, LiveDisplay, render_report
 from service.cli.errors import fail, fail_with, internal
 from service.cli.executor import make_executor, with_executor_options
@@ -158,7 +158,7 @@ def run(
             options["package"] = options.get("package") or EXAMPLE_PACKAGE
             options["range_"] = options.get("range_") or EXAMPLE_RANGE
         request = job_request(options, build=build_request)
-        url = database_url or settings.effective_database_url
+        url = results_database(database_url)
         gpu = open_probe(settings.gpu_exclusive, sharers=jobs)
         executor = _executor(settings, gpu)  # the sandbox users and directories, first
         engine = _open_database(url)

@@ -46,7 +46,7 @@ from runners.agent import GRACE_S, Agent, default_name, describe_capabilities, s
 from runners.client import ApiClient, ApiError, ApiUnreachable
 from runners.nvml import open_probe
 from runners.wire import API_PREFIX
-from service.cli.db import shown
+from service.cli.db import results_database, shown
 from service.cli.errors import INTERNAL, fail
 from service.cli.executor import make_executor, with_executor_options
 from service.cli.options import DatabaseUrl
@@ -149,7 +149,7 @@ def serve(
     Exit status: 0 stopped by SIGTERM/SIGINT, 2 bad options, 1 cannot listen.
     """
     settings = get_settings()
-    url = database_url or settings.effective_database_url
+    url = results_database(database_url)
     settings = settings.model_copy(update={"database_url": url})
     host, notes = _checked_host(settings, host, runners, workers)
     _migrate(url)

@@ -16,10 +16,9 @@ from sqlmodel import Session
 
 from runners.errors import LeakbisectError
 from service import store
-from service.cli.db import shown
+from service.cli.db import results_database, shown
 from service.cli.errors import fail, fail_with
 from service.cli.remote import DEFAULT_SERVER, api_errors, make_client
-from service.settings import get_settings
 
 
 class Source(Protocol):
@@ -49,7 +48,7 @@ def open_source(
         with make_client(url, token) as client, api_errors():
             yield RemoteSource(client)
         return
-    url = database_url or get_settings().effective_database_url
+    url = results_database(database_url)
     with LocalSource.open(url) as source:
         yield source
 
