@@ -18,7 +18,14 @@ from rich.table import Table
 from service.cli.display import render_report
 from service.cli.errors import fail
 from service.cli.options import DatabaseUrl, Json
-from service.cli.remote import DEFAULT_SERVER, Server, Token, api_errors, make_client
+from service.cli.remote import (
+    DEFAULT_SERVER,
+    ArgvToken,
+    Server,
+    Token,
+    api_errors,
+    make_client,
+)
 from service.cli.source import LocalSource, Source, open_source
 from service.report import Report
 from service.text import printable
@@ -55,6 +62,7 @@ def status(
     job: JobId,
     server: ReadServer = None,
     token: Token = None,
+    argv_token: ArgvToken = None,
     database_url: DatabaseUrl = None,
     json_: Json = False,
 ) -> None:
@@ -93,6 +101,7 @@ def list_jobs(
     offset: Annotated[int, typer.Option("--offset", min=0, help="Jobs to skip.")] = 0,
     server: ReadServer = None,
     token: Token = None,
+    argv_token: ArgvToken = None,
     database_url: DatabaseUrl = None,
     json_: Json = False,
 ) -> None:
@@ -121,6 +130,7 @@ def cancel(
     job: JobId,
     server: Server = DEFAULT_SERVER,
     token: Token = None,
+    argv_token: ArgvToken = None,
     json_: Json = False,
 ) -> None:
     """Cancel a job: queued trials are dropped, running ones killed by their runners."""
@@ -137,6 +147,7 @@ def logs(
     trial: TrialNumber,
     server: ReadServer = None,
     token: Token = None,
+    argv_token: ArgvToken = None,
     database_url: DatabaseUrl = None,
     json_: Json = False,
 ) -> None:
@@ -190,6 +201,7 @@ def report(
     database_url: DatabaseUrl = None,
     server: ReadServer = None,
     token: Token = None,
+    argv_token: ArgvToken = None,
     json_: Json = False,
 ) -> None:
     """Print a job's report: the text report, --json, or --markdown to paste upstream.

@@ -15,6 +15,7 @@ from typing import Annotated, Any, TypeVar, Union, get_origin
 import typer
 from pydantic import ValidationError
 from pydantic.fields import FieldInfo
+from sqlalchemy.engine import make_url
 
 from service import baseenv
 from service.cli.errors import fail, validation_message
@@ -38,12 +39,40 @@ RequirementsFile = Annotated[
     Path | None, typer.Option("--requirements", "-r", help="File of further requirements.")
 ]
 Json = Annotated[bool, typer.Option("--json", help="Print one JSON object on stdout.")]
+
+
+def no_password_on_argv(
+    ctx: typer.Context, param: typer.CallbackParam, value: str | None
+) -> str | None:
+    """Refuse a --database-url whose password was typed on the command line: every user of
+    the machine (and a trial) reads argv in /proc/PID/cmdline. From the environment it is
+    taken (a process's environment is readable by its own uid and root only)."""
+    # By name: Typer may carry its own copy of click's ParameterSource.
+    source = ctx.get_parameter_source(param.name or "")
+    if not value or getattr(source, "name", None) != "COMMANDLINE":
+        return value
+    try:
+        password = make_url(value).password
+    except Exception:  # noqa: BLE001 - a URL that does not parse is reported when opened
+        return value
+    if password:
+        fail(
+            "--database-url: a password on the command line is readable by every user "
+            "(/proc/PID/cmdline); set env BISECT_DATABASE_URL, or keep the password in "
+            "~/.pgpass or PGPASSWORD"
+        )
+    return value
+
+
 DatabaseUrl = Annotated[
     str | None,
     typer.Option(
         "--database-url",
         envvar="BISECT_DATABASE_URL",
-        help="Where results go (default: SQLite in the per-user data folder).",
+        callback=no_password_on_argv,
+        help="Where results go (default: SQLite in the per-user data folder, 0600). A "
+        "password is refused here (argv is readable by every user): use env "
+        "BISECT_DATABASE_URL.",
     ),
 ]
 

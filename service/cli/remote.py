@@ -4,11 +4,17 @@ Server and token come from the flags, else the environment:
 
 * ``BISECT_SERVER``: the server's base URL (default ``http://127.0.0.1:8000``,
   where ``bisect-cli serve`` listens); ``/api/v1`` is added when missing.
-* ``BISECT_TOKEN``: an API token (one of the server's ``BISECT_API_TOKENS``)
-  for submit, status, list, cancel and logs.
+* ``--token-file FILE`` / ``BISECT_TOKEN_FILE``, else ``BISECT_TOKEN``: an API token (one
+  of the server's ``BISECT_API_TOKENS``) for submit, status, list, cancel, logs and report.
 * ``BISECT_RUNNER_TOKEN_FILE`` or ``BISECT_RUNNER_TOKEN``: a runner token (one of
-  ``BISECT_RUNNER_TOKENS``) for ``bisect-cli runner``, from a file or the environment,
-  never from its command line (service/cli/runner.py).
+  ``BISECT_RUNNER_TOKENS``) for ``bisect-cli runner``, from a file or the environment
+  (service/cli/runner.py).
+
+No token is ever taken from a command line: every user of the machine, and any trial a
+runner beside it runs, reads argv in /proc/PID/cmdline. ``--token`` is refused in one line
+(exit 2). A token file must be a regular file private to its owner (no group or other
+bits): one that is not is refused in one line naming the file, its mode and the fix
+(``chmod 600 FILE``), exit 2, before anything is sent.
 * ``BISECT_HTTP_RETRIES``: how often a network error or 5xx is retried
   (default 5, backoff 0.5 s doubling: about 15 s in all before giving up).
 
@@ -18,8 +24,10 @@ with exit status 2 (the request was refused: fix the input or the token);
 """
 
 import os
+import stat
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Annotated
 
 import typer
@@ -39,14 +47,70 @@ Server = Annotated[
         show_default=True,
     ),
 ]
+TOKEN_ENV = "BISECT_TOKEN"
+TOKEN_FILE_MAX = 4096  # a token is a line; a longer file is not a token file
+
+
+def read_token_file(flag: str, path: Path) -> str:
+    """The token in `path`: a regular file with no group or other bits, the token alone on
+    one line. Anything else fails in one line (exit 2). Opened non-blocking (a FIFO does not
+    hang) and read bounded."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError as exc:
+        fail(f"{flag}: cannot read {path}: {exc.strerror or exc}")
+    with os.fdopen(fd, "rb") as fh:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            fail(f"{flag}: {path} is not a regular file")
+        mode = stat.S_IMODE(st.st_mode)
+        if mode & 0o077:
+            fail(
+                f"{flag}: {path} is mode {mode:04o}, open to other users; a token file must "
+                f"be private to its owner: run chmod 600 {path}"
+            )
+        data = fh.read(TOKEN_FILE_MAX + 1)
+    try:
+        token = data.decode().strip()
+    except UnicodeDecodeError:
+        token = ""
+    if not token or "\n" in token or len(data) > TOKEN_FILE_MAX:
+        fail(f"{flag}: {path} must hold the token alone, on one line")
+    return token
+
+
+def _client_token(value: str | None) -> str | None:
+    """The API token: from --token-file / BISECT_TOKEN_FILE, else env BISECT_TOKEN."""
+    if value is None:
+        return os.environ.get(TOKEN_ENV) or None
+    return read_token_file("--token-file", Path(value))
+
+
+def _refuse_argv_token(value: str | None) -> None:
+    if value is not None:
+        fail(
+            "--token: a token on the command line is readable by every user "
+            "(/proc/PID/cmdline); use --token-file FILE or env BISECT_TOKEN"
+        )
+
+
+# The API token, read by the option's callback: commands get the token, not the file name.
 Token = Annotated[
     str | None,
     typer.Option(
-        "--token",
-        envvar="BISECT_TOKEN",
-        help="API token, one of the server's BISECT_API_TOKENS (env BISECT_TOKEN).",
+        "--token-file",
+        envvar="BISECT_TOKEN_FILE",
+        callback=_client_token,
+        help="File holding the API token, one of the server's BISECT_API_TOKENS, mode 0600 "
+        "(env BISECT_TOKEN_FILE); else the token is read from env BISECT_TOKEN. Never on the "
+        "command line: argv is readable by every user.",
         show_default=False,
     ),
+]
+# Refused: kept only to say why instead of "no such option".
+ArgvToken = Annotated[
+    str | None,
+    typer.Option("--token", hidden=True, callback=_refuse_argv_token, show_default=False),
 ]
 
 

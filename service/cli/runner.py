@@ -2,7 +2,8 @@
 
 The runner token never goes on the command line (every user can read a process's argv in
 /proc/PID/cmdline): it comes from `--token-file` / BISECT_RUNNER_TOKEN_FILE, else from
-BISECT_RUNNER_TOKEN. `--token` is refused with a one-line error saying so.
+BISECT_RUNNER_TOKEN. `--token` is refused with a one-line error saying so, and so is a
+token file that group or others can read (service/cli/remote.py `read_token_file`), exit 2.
 """
 
 import json
@@ -17,7 +18,13 @@ from runners.agent import GRACE_S, Agent, default_name, parse_labels, stderr_log
 from runners.nvml import open_probe
 from service.cli.errors import fail
 from service.cli.executor import make_executor, with_executor_options
-from service.cli.remote import DEFAULT_SERVER, Server, api_errors, make_client
+from service.cli.remote import (
+    DEFAULT_SERVER,
+    Server,
+    api_errors,
+    make_client,
+    read_token_file,
+)
 from service.settings import get_settings
 
 TOKEN_ENV = "BISECT_RUNNER_TOKEN"
@@ -27,8 +34,9 @@ TokenFile = Annotated[
     typer.Option(
         "--token-file",
         envvar="BISECT_RUNNER_TOKEN_FILE",
-        help="File holding the runner token, one of the server's BISECT_RUNNER_TOKENS "
-        "(env BISECT_RUNNER_TOKEN_FILE); else the token is read from env BISECT_RUNNER_TOKEN. "
+        help="File holding the runner token, one of the server's BISECT_RUNNER_TOKENS, "
+        "mode 0600 (env BISECT_RUNNER_TOKEN_FILE); else the token is read from env "
+        "BISECT_RUNNER_TOKEN. "
         "Never on the command line: argv is readable by every user.",
         show_default=False,
         dir_okay=False,
@@ -53,13 +61,7 @@ def read_token(token_file: Path | None) -> str | None:
     """The runner token from `token_file`, else BISECT_RUNNER_TOKEN; None when neither."""
     if token_file is None:
         return os.environ.get(TOKEN_ENV) or None
-    try:
-        token = token_file.read_text().strip()
-    except OSError as exc:
-        fail(f"--token-file: cannot read {token_file}: {exc.strerror or exc}")
-    if not token or "\n" in token:
-        fail(f"--token-file: {token_file} must hold the token alone, on one line")
-    return token
+    return read_token_file("--token-file", token_file)
 
 
 def json_log(line: str) -> None:

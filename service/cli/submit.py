@@ -12,7 +12,14 @@ from runners.client import ApiClient, ApiError, ApiUnreachable
 from service.cli.display import JobProgress
 from service.cli.errors import BAD_INPUT, INTERNAL, fail
 from service.cli.options import Json, job_request, with_job_options
-from service.cli.remote import DEFAULT_SERVER, Server, Token, api_errors, make_client
+from service.cli.remote import (
+    DEFAULT_SERVER,
+    ArgvToken,
+    Server,
+    Token,
+    api_errors,
+    make_client,
+)
 from service.cli.run import print_report
 from service.report import Report
 
@@ -60,6 +67,7 @@ def submit(
     wait: Wait = False,
     server: Server = DEFAULT_SERVER,
     token: Token = None,
+    argv_token: ArgvToken = None,
     json_: Json = False,
     **options: Any,
 ) -> None:
