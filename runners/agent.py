@@ -33,11 +33,16 @@ before it registers. The server renews every lease when it starts
 (service/queue.py), so a report delivered soon after the server is back is
 stored, however long it was away.
 
+The state directory holds runner secrets (each spooled report carries the secret it must
+be sent with): the levels of it the agent creates are mode 0700, the spool directory in it
+0700 and each entry 0600 (runners/spool.py), so no trial user can read them.
+
 Every event is one log line through ``log`` (default: stderr, with a time).
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import platform
 import signal
@@ -104,6 +109,19 @@ def parse_labels(text: str | None) -> dict[str, str]:
             raise ValueError(f"label {key!r} given twice")
         labels[key] = value
     return labels
+
+
+def make_private_dir(directory: Path) -> None:
+    """Create the missing levels of `directory`, each mode 0700; existing ones are left
+    (a --state-dir the user made keeps its mode: the spool inside it is 0700 anyway)."""
+    missing = []
+    while not os.path.lexists(directory) and directory != directory.parent:
+        missing.append(directory)
+        directory = directory.parent
+    for level in reversed(missing):
+        # Made meanwhile by another agent on the same state directory: fine.
+        with contextlib.suppress(FileExistsError):
+            level.mkdir(mode=0o700)
 
 
 # ---------------------------------------------------------------------------
@@ -212,6 +230,8 @@ class Agent:
         self.grace_s = grace_s
         self.log = log or stderr_log
         self._capabilities = capabilities
+        if state_dir is not None:
+            make_private_dir(state_dir)
         self.spool = Spool(state_dir)
         self.report_retry_max_s = report_retry_max_s
         self.runner_id: str | None = None
