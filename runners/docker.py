@@ -3,7 +3,7 @@
 Same interface as the local executor (`runners.trial.Executor`). Per trial
 (`runners.docker_spec` has the exact container settings):
 
-1. a **build** container (host network, the shared uv cache volume) builds or reuses the
+1. a **build** container (host network, the owner's uv cache volume) builds or reuses the
    candidate's environment with `runners.docker_entry`, or resolves its pins;
 2. a **run** container (no network, unprivileged, no capabilities, pids limit, read-only
    root, ``mem_limit`` = ``memswap_limit`` = the job's cap) runs the script, which is put
@@ -222,7 +222,7 @@ class DockerExecutor:
         """The build container's JSON answer (an `EnvResult`, pins, or commits), or an error."""
         started = time.monotonic()
         kwargs = build_kwargs(self.settings, spec.trial_id, spec.attempt, spec.kind, env,
-                              spec.commit_range)  # fmt: skip
+                              spec.commit_range, owner=spec.owner)  # fmt: skip
         container = self.client.containers.run(**kwargs)
         kill.current(container)
         try:
@@ -266,7 +266,7 @@ class DockerExecutor:
             self.settings, spec.trial_id, spec.attempt, python=python, script_name=name,
             memory_limit_bytes=limit, variables=spec.variables,
             gpu_uuids=self._gpu_uuids() if spec.requires_gpu else None, tracer=tracer,
-            stop=tracing.stop_args(spec.trace_stop),
+            stop=tracing.stop_args(spec.trace_stop), owner=spec.owner,
         )  # fmt: skip
         kwargs.pop("detach")
         container = self.client.containers.create(**kwargs)

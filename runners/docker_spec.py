@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from runners.limits import DEFAULT_PIDS_LIMIT
+from runners.publish import owner_key
 from runners.sandbox import DEFAULT_PATH, allowed_env
 from runners.wire import CommitRange, EnvSpec
 
@@ -77,10 +78,20 @@ def labels(settings: DockerSettings, trial_id: int, attempt: int, phase: str) ->
     }
 
 
-def _volumes(settings: DockerSettings, mode: str) -> dict[str, dict[str, str]]:
-    vols = {settings.cache_volume: {"bind": CACHE_MOUNT, "mode": mode}}
+def owner_volume(name: str, owner: str | None) -> str:
+    """An owner's own copy of volume `name`: a build container runs as the build uid, not
+    root, so it cannot publish environments read-only (`runners.publish`) and a hostile
+    build backend could rewrite every environment and cache entry in the volume it
+    mounts. One volume per owner keeps what it can reach to its own owner's builds."""
+    return name if owner is None else f"{name}-{owner_key(owner)}"
+
+
+def _volumes(
+    settings: DockerSettings, mode: str, owner: str | None
+) -> dict[str, dict[str, str]]:
+    vols = {owner_volume(settings.cache_volume, owner): {"bind": CACHE_MOUNT, "mode": mode}}
     if settings.env_volume:
-        vols[settings.env_volume] = {"bind": ENV_MOUNT, "mode": mode}
+        vols[owner_volume(settings.env_volume, owner)] = {"bind": ENV_MOUNT, "mode": mode}
     if settings.ca_bundle:
         vols[settings.ca_bundle] = {"bind": CA_MOUNT, "mode": "ro"}
     return vols
@@ -111,9 +122,10 @@ def build_kwargs(
     kind: str,
     env: EnvSpec,
     commit_range: CommitRange | None = None,
+    owner: str | None = None,
 ) -> dict[str, Any]:
-    """The build-phase container: host network, the cache (and env) volume writable; a
-    commits trial lists `commit_range` in it instead of building `env`."""
+    """The build-phase container: host network, `owner`'s cache (and env) volume writable;
+    a commits trial lists `commit_range` in it instead of building `env`."""
     environment = {
         "PATH": DEFAULT_PATH,
         "LANG": "C.UTF-8",
@@ -133,7 +145,7 @@ def build_kwargs(
         "user": f"{BUILD_UID}:{BUILD_UID}",
         "network_mode": "host",
         "environment": environment,
-        "volumes": _volumes(settings, "rw"),
+        "volumes": _volumes(settings, "rw", owner),
         "working_dir": "/tmp",
         "labels": labels(settings, trial_id, attempt, "build"),
         **_hardening(BUILD_PIDS_LIMIT),
@@ -170,6 +182,7 @@ def run_kwargs(
     gpu_uuids: list[str] | None = None,
     tracer: str | None = None,
     stop: Sequence[str] = (),
+    owner: str | None = None,
 ) -> dict[str, Any]:
     """The run-phase container: no network, capped, unprivileged, read-only root; with
     `tracer`, the script runs under it (an attribute trial) until `stop`
@@ -184,7 +197,7 @@ def run_kwargs(
         "user": f"{TRIAL_UID}:{TRIAL_UID}",
         "network_mode": "none",
         "environment": script_env(settings, variables),
-        "volumes": _volumes(settings, "ro"),
+        "volumes": _volumes(settings, "ro", owner),
         "mounts": [Mount(target=TRIAL_MOUNT, source=None, type="volume")],
         "working_dir": TRIAL_MOUNT,
         "mem_limit": memory_limit_bytes,

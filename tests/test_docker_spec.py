@@ -16,6 +16,7 @@ from runners.docker_spec import (
 )
 from runners.docker_watch import _exit_code
 from runners.errors import InvalidInput
+from runners.publish import owner_key
 from runners.wire import EnvSpec
 
 SETTINGS = DockerSettings(image="img:1", runner_name="r1", cache_volume="cache")
@@ -45,6 +46,22 @@ def test_a_separate_env_volume_copies_and_a_ca_bundle_is_mounted() -> None:
     assert kw["volumes"]["e"] == {"bind": "/envs", "mode": "rw"}
     assert kw["volumes"]["/etc/ssl/ca.pem"] == {"bind": CA_MOUNT, "mode": "ro"}
     assert kw["command"][3:5] == ["resolve", "/envs"]
+
+
+def test_each_owner_builds_and_runs_on_volumes_of_its_own() -> None:
+    # A build container runs as the build uid, not root: it cannot publish environments
+    # read-only, so what one owner's build backend can rewrite must be its owner's alone.
+    s = DockerSettings(image="i", runner_name="r", cache_volume="c", env_volume="e")
+    env = EnvSpec(package="p", version="1")
+    alice = build_kwargs(s, 1, 1, "run", env, owner="alice")["volumes"]
+    bob = build_kwargs(s, 2, 1, "run", env, owner="bob")["volumes"]
+    key = owner_key("alice")
+    assert alice == {f"c-{key}": {"bind": "/var/cache/leakbisect", "mode": "rw"},
+                     f"e-{key}": {"bind": "/envs", "mode": "rw"}}  # fmt: skip
+    assert set(alice).isdisjoint(bob)
+    run = run_kwargs(s, 1, 1, python="/envs/x/bin/python", script_name="repro.py",
+                     memory_limit_bytes=MiB << 8, variables={}, owner="alice")  # fmt: skip
+    assert run["volumes"] == {name: {**v, "mode": "ro"} for name, v in alice.items()}
 
 
 def test_the_run_phase_is_offline_capped_unprivileged_and_read_only() -> None:
