@@ -8,8 +8,9 @@ Two figures, each over N runs after one warm-up run:
   the script printed its first line (the script prints `time.monotonic()`, a clock all
   processes share on Linux), and the whole `run_script` call for that one-line script;
 - **execute_trial, reused env**: the whole `runners.trial.execute_trial` of the same
-  trivial script in an environment that is already built (so: the reuse check, which runs
-  `uv pip freeze`, the working directory, the script and the clean-up).
+  trivial script in an environment that is already built (so: the reuse check, a stat
+  fingerprint of the environment's files (`runners.publish`; before issue 24 it ran `uv pip
+  freeze`), leasing a trial user, the working directory, the script and the clean-up).
 
 The environment is the fixture's ``leakyfixture==1.0.2`` from the offline index
 (127.0.0.1), built with ``/usr/bin/python3.11`` so the measured interpreter is the same
