@@ -10,8 +10,9 @@ When the runner is root it never runs a job's code as root. Two dedicated system
 
 Each is created with ``useradd --system`` (own group, no home, no login shell) the first
 time it is needed, when missing. Two different users, so that a script cannot write into
-the environments and the uv cache (owned by the build user, mode 0755) and poison another
-candidate's environment. When the runner is not root, both are None: everything runs as
+an owner's uv cache (the build user's, closed except during that owner's build) and poison
+the next build; published environments are root's and read-only (`runners.publish`), out
+of reach of both. When the runner is not root, both are None: everything runs as
 the runner's own uid (there is nobody else to become).
 
 **One trial user per concurrent trial** (`lease_trial_user`): a trial runs as a user of
