@@ -4,7 +4,8 @@
 `runners.shim`: a child subreaper that runs the script as the trial user when the
 runner is root, reaps every orphan and kills whatever is left when the script ends),
 inside a `MemoryCap` (cgroup v2, else cgroup v1, else the sampler's watchdog; with a
-pids limit), samples the supervisor's descendants (never the supervisor) with a
+pids limit), samples the supervisor's descendants (never the supervisor, nor the init of
+the script's PID namespace: `runners.shim.Init`, which the supervisor names) with a
 `Sampler` that re-lists the tree at every sample and adds the cgroup's process list,
 parses step markers from stdout, and returns an `Execution`. The runner process
 itself becomes a child subreaper as a backstop (`runners.sandbox.become_subreaper`).
@@ -29,10 +30,12 @@ Outcomes:
   reach (`runners.earlystop.seen_by_samples`); when it fires the tree is ended as for a
   timeout and ``stopped_early`` says why (``timed_out`` stays False). ``early_stop`` on the
   `Execution` records its horizon and the leak looks it tested.
-* Isolation: the script runs in namespaces of its own (`runners.shim`: PID, mount with a
-  private /tmp and /dev/shm, network with only its own loopback, IPC) where the kernel
-  and the runner's rights allow; ``missing_protections`` lists, one phrase each, what it
-  did not get (all of them, and `NO_OWN_USER`, for a runner that is not root).
+* Isolation: the script runs in namespaces of its own (`runners.shim`: PID, as pid 2
+  under an init that reaps its orphans and passes its exit status or signal through
+  unchanged; mount with a private /tmp and /dev/shm, network with only its own
+  loopback, IPC) where the kernel and the runner's rights allow;
+  ``missing_protections`` lists, one phrase each, what it did not get (all of them, and
+  `NO_OWN_USER`, for a runner that is not root).
 * After the script exits, whatever it left running (double forks, ``setsid``
   daemons, processes in its cgroup) is killed: a trial leaves no processes behind.
   A process that left the trial's memory cgroup is killed on sight. ``cap_notes``
@@ -282,6 +285,7 @@ class _ScriptRun:
             start_time=self.t0,
             refresh_s=0.0,  # every sample: a double fork cannot hide between refreshes
             include_root=False,  # the supervisor is not the trial
+            exclude=() if self.supervised.init_pid is None else (self.supervised.init_pid,),
             listed=cap.pids if cap.dirs else None,
             inside=cap.memory_pids if cap.path is not None else None,
             watchdog_limit_bytes=cap.limit_bytes if watchdog else None,
@@ -362,7 +366,7 @@ class _ScriptRun:
         if refused:
             notes.append(f"the pids limit ({self.cap.pids_limit}) refused {refused} forks")
         proc = self.supervised.proc
-        if outcome.pid is None and outcome.error is None and proc is not None:
+        if not outcome.reported and proc is not None:
             notes.append(f"the supervisor died without a report (status {proc.returncode})")
         if self.swept:
             notes.append(f"{self.swept} processes outlived the supervisor: killed")

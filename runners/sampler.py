@@ -7,17 +7,18 @@ reads ``/proc/PID/statm``: a few microseconds). ``memory_full_info`` (USS/PSS)
 is never used here: it walks smaps and costs milliseconds per call on a large
 process. GPU memory comes from a `runners.nvml.GpuProbe` when one is given.
 
-The tree: the root pid and its descendants (``include_root=False`` leaves the
-root out: a trial's root is its supervisor, `runners.shim`, whose own memory is
-not the trial's), listed through ``/proc/PID/task/TID/children``
-(`runners.shim.descendants`: one small read per process of the tree), plus what
-``listed`` returns (the trial's cgroup.procs). The list is refreshed every
-``refresh_s`` (default about once a second; trials refresh at every sample,
-which costs tens of microseconds for a small tree, so a double fork cannot hide
-between refreshes). Processes that vanish between refreshes are normal and
-skipped, and so are zombies (RSS 0); one that left the tree (re-parented away)
-is still sampled while it lives. Every process ever seen stays in `seen` for
-the caller's clean-up.
+The tree: the root pid and its descendants (``include_root=False`` leaves the root
+out: a trial's root is its supervisor, `runners.shim`, whose own memory is not the
+trial's; ``exclude`` leaves out other pids, the trial's PID-namespace init: its
+descendants, the script and every orphan re-parented to the init, are sampled),
+listed through ``/proc/PID/task/TID/children`` (`runners.shim.descendants`: one
+small read per process of the tree), plus what ``listed`` returns (the trial's
+cgroup.procs). The list is refreshed every ``refresh_s`` (default about once a
+second; trials refresh at every sample, which costs tens of microseconds for a small
+tree, so a double fork cannot hide between refreshes). Processes that vanish between
+refreshes are normal and skipped, and so are zombies (RSS 0); one that left the tree
+(re-parented away) is still sampled while it lives. Every process ever seen stays in
+`seen` for the caller's clean-up.
 
 Escapes: with ``inside`` (the pids of the trial's memory cgroup), a process of
 the tree that is alive and not in that cgroup left the cap: it is SIGKILLed at
@@ -81,6 +82,7 @@ class Sampler:
         listed: Callable[[], Iterable[int]] | None = None,
         inside: Callable[[], set[int]] | None = None,
         pids_limit: int | None = None,
+        exclude: Iterable[int] = (),
     ):
         if hz <= 0:
             raise ValueError("hz must be positive")
@@ -98,6 +100,7 @@ class Sampler:
         self.listed = listed
         self.inside = inside
         self.pids_limit = pids_limit
+        self.exclude = frozenset(exclude)
 
         self.samples: list[Sample] = []
         self.step: int | None = None  # set by whoever parses step markers
@@ -182,6 +185,7 @@ class Sampler:
             tree.add(self.pid)
         else:
             tree.discard(self.pid)
+        tree -= self.exclude
         procs: dict[int, psutil.Process] = {}
         for pid in tree:
             # Keep the existing object (it remembers the create time: pid reuse is detected).

@@ -8,44 +8,54 @@ cgroups between fork and exec), in its own session, with PR_SET_PDEATHSIG so it 
 with the runner. It is the root of everything the trial runs; its rules:
 
 * It is a child subreaper (PR_SET_CHILD_SUBREAPER): every orphan of the trial (a double
-  fork, a ``setsid`` daemon) re-parents to it, never to init, so it stays a descendant,
-  is sampled, and is killed at the end.
-* It starts ``argv`` as its one direct child, in a process group of its own, with
-  PR_SET_PDEATHSIG=SIGKILL (the child dies with the supervisor), RLIMIT_NPROC when
-  ``nproc`` is given, and, when ``uid``/``gid`` are given, no supplementary groups and
-  that gid and uid (real, effective and saved: the child cannot get root back).
-* When the runner is root the supervisor stays root: the trial's uid cannot signal it,
-  ptrace it or read its file descriptors. It also sets its own ``oom_score_adj`` to
-  -1000 (restored for the child), so an OOM kill in the cgroup never picks it (cgroup v2
-  ``memory.oom.group`` spares tasks at -1000).
-* It reaps every process that ends up as its child. When the direct child exits it
+  fork, a ``setsid`` daemon) re-parents to it (or, in a PID namespace, to the namespace's
+  `Init`, its child), never to the host's init, so it stays a descendant, is sampled, and
+  is killed at the end.
+* It starts ``argv`` (directly, or under an `Init`: see Isolation) in a process group of
+  its own, with PR_SET_PDEATHSIG=SIGKILL (the command dies with its parent),
+  RLIMIT_NPROC when ``nproc`` is given, and, when ``uid``/``gid`` are given, no
+  supplementary groups and that gid and uid (real, effective and saved: the command
+  cannot get root back).
+* When the runner is root the supervisor (and the init) stay root: the trial's uid cannot
+  signal them, ptrace them or read their file descriptors. It also sets its own
+  ``oom_score_adj`` to -1000 (restored for the command), so an OOM kill in the cgroup
+  never picks it (cgroup v2 ``memory.oom.group`` spares tasks at -1000).
+* It reaps every process that ends up as its child. When its direct child exits it
   SIGKILLs every remaining descendant, again and again, until it has no child left,
   and only then reports.
 * SIGTERM, SIGINT or SIGHUP (the runner ending the trial: timeout, lost lease, the
-  watchdog) kill the direct child at once; the clean-up above follows.
-* Report: lines on STATUS_FD (close-on-exec: the child never holds it): ``missing
-  PHRASE`` for each protection it could not get, ``pid N`` (the host's pid) once the
-  child runs, then one of ``exit CODE``, ``signal SIGNUM`` or ``error TEXT`` (the
-  command could not be started). The supervisor's own exit status is 0 after a report,
-  125 for arguments it cannot use.
+  watchdog) SIGKILL its direct child at once (the command, or the init and with it the
+  whole namespace); the clean-up above follows.
+* Report: lines on STATUS_FD (close-on-exec: the command never holds it): ``init N`` for
+  an isolated command, right after the fork (the init's host pid, ``-`` for none: the
+  runner waits for it and its sampler leaves the init out), ``missing PHRASE`` for each
+  protection it could not get, ``pid N`` (the command's host pid), then one of ``exit
+  CODE``, ``signal SIGNUM`` (the command's own status, exactly as without a namespace)
+  or ``error TEXT`` (the command could not be started). The supervisor's own exit status
+  is 0 after a report, 125 for arguments it cannot use. The command's side talks to the
+  supervisor over a control pipe of its own (``pid``, ``error``, the init's ``status``),
+  closed at exec.
 
 UID, GID and NPROC are numbers or ``-`` (none; see `Config`). The supervisor's own
-environment is the child's.
+environment is the command's.
 
 **Isolation** (ISOLATE ``ns``; ``-`` for none: uv commands, which need the network): the
-supervisor asks for a new PID namespace for its child, so the command is pid 1 of a
-namespace holding only its own tree (other trials' processes do not exist for it; when it
-exits the kernel kills everything left in it; it is still the supervisor's child, seen by
-its host pid by the sampler, the cgroup and every kill). The child, still root, then
-unshares a mount, a network and an IPC namespace and mounts, in its own mount namespace
-only: a ``/proc`` of its PID namespace, a fresh tmpfs on ``/dev/shm``, and a fresh tmpfs
-on ``/tmp`` into which it binds back its working directory's top-level ``/tmp`` entry and
-the host ``/tmp`` directories it could enter anyway and no other user can write (root's,
-not group- or world-writable: environments or test fixtures kept under ``/tmp``);
-nothing a trial writes to ``/tmp`` reaches another. Its network namespace has only a
-loopback of its own (brought up): the host's ports (a local Postgres) and every other
-network are unreachable. Every step that the kernel or the rights refuse is reported as
-``missing PHRASE`` (`PROTECTIONS`) before ``pid``, and the command runs without it.
+supervisor asks for a new PID namespace, whose pid 1 is an `Init` (a fork of the
+supervisor) that runs the command as pid 2: the command sees only its own tree (other
+trials' processes do not exist for it), ends by its own signals as anywhere else, and its
+orphans are reaped; when it exits the kernel kills everything left in the namespace. Its
+processes are still the supervisor's descendants, seen by their host pids by the sampler,
+the cgroup and every kill. The init, still root, unshares a mount, a network and an IPC
+namespace and mounts, in its own mount namespace only: a ``/proc`` of its PID namespace,
+a fresh tmpfs on ``/dev/shm``, and a fresh tmpfs on ``/tmp`` into which it binds back its
+working directory's top-level ``/tmp`` entry and the host ``/tmp`` directories it could
+enter anyway and no other user can write (root's, not group- or world-writable:
+environments or test fixtures kept under ``/tmp``); nothing a trial writes to ``/tmp``
+reaches another. Its network namespace has only a loopback of its own (brought up): the
+host's ports (a local Postgres) and every other network are unreachable. Every step that
+the kernel or the rights refuse is reported as ``missing PHRASE`` (`PROTECTIONS`), and the
+command runs without it; without a PID namespace there is no init and the command itself
+tries the other namespaces.
 
 `descendants` is also imported by the sampler: it lists a tree through
 ``/proc/PID/task/TID/children`` (one small read per process of the tree, not a scan of
@@ -265,19 +275,27 @@ def _kill(pid: int) -> None:
 # --------------------------------------------------------------------------- the child
 
 
-def _drop_and_exec(cfg: Config, err_w: int, oom_adj: str | None, pid_ns: bool | None) -> None:
-    """In the forked child: own group, restored OOM score, isolation (`pid_ns` not None:
-    asked for; whether the PID namespace was had), dropped uid, then exec."""
+def _host_pid(host_proc: int | None) -> int:
+    """This process's pid on the host: through the host's /proc (opened before a PID
+    namespace's own /proc covered it), else its own (no namespace: the same)."""
+    if host_proc is None:
+        return os.getpid()
+    return int(os.readlink("self", dir_fd=host_proc))
+
+
+def _drop_and_exec(
+    cfg: Config, ctl_w: int, oom_adj: str | None, isolate: bool, host_proc: int | None
+) -> None:
+    """In the forked child: own group, restored OOM score, isolation when `isolate` (its
+    parent, the init, did it otherwise), dropped uid, ``pid HOSTPID`` on `ctl_w`, exec;
+    ``error TEXT`` on `ctl_w` when any of it fails."""
     for sig in _STOP_SIGNALS:
         _signal.signal(sig, _signal.SIG_DFL)
     try:
-        # In a new PID namespace the parent is outside it: getppid() is 0 there, before
-        # and after its death (the check below then only holds without one; the kernel
-        # kills the namespace with its pid 1, and the runner reaps orphans by uid).
-        parent = os.getppid()
+        parent = os.getppid()  # the supervisor, or the init (pid 1 of the namespace)
         os.setpgid(0, 0)
-        if pid_ns is not None:
-            for phrase in isolate_child(cfg.cwd, cfg.uid, pid_ns):
+        if isolate:
+            for phrase in isolate_child(cfg.cwd, cfg.uid, False):
                 os.write(cfg.status_fd, f"missing {phrase}\n".encode())
         if oom_adj is not None:
             with open("/proc/self/oom_score_adj", "w") as f:
@@ -289,17 +307,104 @@ def _drop_and_exec(cfg: Config, err_w: int, oom_adj: str | None, pid_ns: bool | 
         # After the uid change: changing credentials clears the parent-death signal.
         prctl(PR_SET_PDEATHSIG, SIGKILL)
         if os.getppid() != parent:
-            os._exit(137)  # the supervisor died before PDEATHSIG was armed
+            os._exit(137)  # the parent died before PDEATHSIG was armed
         if cfg.nproc is not None:
             resource.setrlimit(resource.RLIMIT_NPROC, (cfg.nproc, cfg.nproc))
         os.chdir(cfg.cwd)
+        os.write(ctl_w, f"pid {_host_pid(host_proc)}\n".encode())
         os.execvpe(cfg.argv[0], cfg.argv, os.environ)
     except BaseException as e:  # noqa: BLE001 - anything here means "could not start"
-        os.write(err_w, f"cannot start {cfg.argv[0]}: {e}".encode(errors="replace"))
+        text = f"error cannot start {cfg.argv[0]}: {e}".replace("\n", " ")
+        os.write(ctl_w, text.encode(errors="replace") + b"\n")
     os._exit(127)
 
 
-# --------------------------------------------------------------------------- the supervisor
+# --------------------------------------------------------------------------- the init
+
+
+class Init:
+    """Pid 1 of the trial's PID namespace: the supervisor's child, which runs the command.
+
+    A namespace's pid 1 gets no signal from inside it that it has no handler for (not
+    even SIGKILL: ``os.kill(os.getpid(), SIGTERM)`` would do nothing), and every orphan of
+    the namespace is re-parented to it; a script there would never end itself by a signal
+    and never reap its orphans' zombies (each counts against the pids limit). So pid 1
+    is this init, a fork of the supervisor (no exec: Python is loaded), still root:
+
+    * it sets PR_SET_PDEATHSIG (it dies with the supervisor) and sets up the namespaces
+      (`isolate_child`: its /proc, private /tmp and /dev/shm, network), reporting
+      ``missing PHRASE`` lines itself;
+    * it forks the command (pid 2 of the namespace: `_drop_and_exec`, which writes its
+      host pid on the control pipe) and forwards SIGTERM, SIGINT and SIGHUP to it;
+    * it reaps every process that ends up as its child until the command exits, then
+      writes ``status WAITSTATUS`` (the command's own: an exit code or the signal that
+      ended it) on the control pipe and exits (with the exit code, or 128 + the signal:
+      a pid 1 cannot die of its own signal). Its exit makes the kernel SIGKILL and reap
+      everything left in the namespace before the supervisor sees it exit.
+
+    Its own memory is not the trial's: the supervisor reports its host pid (``init N``)
+    and the runner's sampler leaves it out. The trial's uid cannot signal it (root's).
+    """
+
+    def __init__(self, cfg: Config, ctl_w: int, oom_adj: str | None, supervisor: int) -> None:
+        self.cfg = cfg
+        self.ctl_w = ctl_w
+        self.oom_adj = oom_adj
+        self.supervisor = supervisor
+        self.child: int | None = None
+        self.pending: list[int] = []
+
+    def forward(self, signum: int, _frame: object = None) -> None:
+        if self.child is None:
+            self.pending.append(signum)
+            return
+        try:  # noqa: SIM105
+            os.kill(self.child, signum)
+        except OSError:
+            pass  # already reaped
+
+    def arm(self, host_proc: int) -> None:
+        """Die with the supervisor; exit at once when it is already gone (the host's /proc:
+        in the namespace getppid() is 0 whoever the parent is)."""
+        prctl(PR_SET_PDEATHSIG, SIGKILL)
+        with open(os.open("self/stat", os.O_RDONLY, dir_fd=host_proc), "rb") as f:
+            ppid = int(f.read().rsplit(b")", 1)[1].split()[1])
+        if ppid != self.supervisor:
+            os._exit(137)
+
+    def run(self) -> None:
+        for sig in _STOP_SIGNALS:
+            _signal.signal(sig, self.forward)
+        try:
+            self.start()
+        except BaseException as e:  # noqa: BLE001 - the command never ran
+            text = f"error cannot start {self.cfg.argv[0]}: {e}".replace("\n", " ")
+            os.write(self.ctl_w, text.encode(errors="replace") + b"\n")
+            os._exit(127)
+        for sig in self.pending:
+            self.forward(sig)
+        status = self.reap()
+        os.write(self.ctl_w, f"status {status}\n".encode())
+        os._exit(os.WEXITSTATUS(status) if os.WIFEXITED(status) else 128 + os.WTERMSIG(status))
+
+    def start(self) -> None:
+        """Arm, isolate, fork the command."""
+        host_proc = os.open("/proc", os.O_PATH | os.O_DIRECTORY)
+        self.arm(host_proc)
+        for phrase in isolate_child(self.cfg.cwd, self.cfg.uid, True):
+            os.write(self.cfg.status_fd, f"missing {phrase}\n".encode())
+        pid = os.fork()
+        if pid == 0:
+            _drop_and_exec(self.cfg, self.ctl_w, self.oom_adj, False, host_proc)
+        self.child = pid
+        os.close(host_proc)
+
+    def reap(self) -> int:
+        """Reap every child until the command exits; its wait status."""
+        while True:
+            pid, status = os.waitpid(-1, 0)
+            if pid == self.child:
+                return status
 
 
 class Config:
@@ -338,6 +443,7 @@ class Supervisor:
         self.cfg = cfg
         self.child: int | None = None
         self.stopping = False
+        self.ctl: int | None = None
 
     def send(self, kind: str, value: object) -> None:
         line = f"{kind} {value}".replace("\n", " ") + "\n"
@@ -349,7 +455,7 @@ class Supervisor:
     def stop(self, _signum: int = 0, _frame: object = None) -> None:
         self.stopping = True
         if self.child is not None:
-            _kill(self.child)
+            _kill(self.child)  # the init: the kernel then kills its whole namespace
 
     def protect(self) -> str | None:
         """As root: keep the OOM killer off the supervisor; returns the score to restore."""
@@ -364,35 +470,47 @@ class Supervisor:
             return None
         return old
 
-    def new_pid_namespace(self) -> bool | None:
-        """For an isolated command: its PID namespace (the next fork's child is its pid 1);
-        whether the kernel gave it. None when isolation was not asked for."""
+    def new_pid_namespace(self) -> bool:
+        """For an isolated command: its PID namespace (the next fork's child, the `Init`,
+        is its pid 1); whether the kernel gave it."""
         if not self.cfg.isolate:
-            return None
+            return False
         try:
             unshare(CLONE_NEWPID)
         except OSError:
             return False
         return True
 
-    def start(self) -> str | None:
-        """Fork and exec the command; the error text when it could not be started."""
+    def start(self) -> None:
+        """Fork the init (with a PID namespace) or the command itself (without)."""
         oom_adj = self.protect()
         pid_ns = self.new_pid_namespace()
-        err_r, err_w = os.pipe()  # close-on-exec: EOF with no data means exec succeeded
+        ctl_r, ctl_w = os.pipe()  # close-on-exec: only our own code before exec writes it
+        me = os.getpid()
         pid = os.fork()
         if pid == 0:
-            os.close(err_r)
-            _drop_and_exec(self.cfg, err_w, oom_adj, pid_ns)
+            os.close(ctl_r)
+            if pid_ns:
+                Init(self.cfg, ctl_w, oom_adj, me).run()
+            _drop_and_exec(self.cfg, ctl_w, oom_adj, self.cfg.isolate, None)
         self.child = pid
-        os.close(err_w)
+        os.close(ctl_w)
+        self.ctl = ctl_r
+        if self.cfg.isolate:  # the runner waits for this line to leave the init unsampled
+            self.send("init", pid if pid_ns else "-")
         if self.stopping:
             _kill(pid)
+
+    def control(self) -> dict[str, str]:
+        """What the command's side wrote on the control pipe (it is closed by then):
+        ``pid``, ``error`` and, from an init, ``status``."""
+        assert self.ctl is not None
         chunks = []
-        while chunk := os.read(err_r, 4096):
+        while chunk := os.read(self.ctl, 4096):
             chunks.append(chunk)
-        os.close(err_r)
-        return b"".join(chunks).decode(errors="replace") or None
+        os.close(self.ctl)
+        lines = b"".join(chunks).decode(errors="replace").splitlines()
+        return {kind: value for kind, _, value in (ln.partition(" ") for ln in lines)}
 
     def wait_child(self) -> int:
         """Reap whatever exits until the direct child does; its wait status."""
@@ -423,14 +541,20 @@ class Supervisor:
         prctl(PR_SET_CHILD_SUBREAPER, 1)
         for sig in _STOP_SIGNALS:
             _signal.signal(sig, self.stop)
-        error = self.start()
-        if error is None:
-            self.send("pid", self.child)
+        self.start()
         status = self.wait_child()
         self.sweep()
-        if error is not None:
-            self.send("error", error)
-        elif os.WIFSIGNALED(status):
+        ctl = self.control()
+        # An init reports the command's own status; without it (SIGKILLed: a stop, the
+        # watchdog) its own death is the command's, as the kernel killed it with it.
+        if ctl.get("status", "").isdigit():
+            status = int(ctl["status"])
+        if "error" in ctl:
+            self.send("error", ctl["error"])
+            return 0
+        if ctl.get("pid", "").isdigit():
+            self.send("pid", ctl["pid"])
+        if os.WIFSIGNALED(status):
             self.send("signal", os.WTERMSIG(status))
         else:
             self.send("exit", os.WEXITSTATUS(status))

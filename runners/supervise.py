@@ -15,7 +15,10 @@ command's exact status over a pipe. The runner talks to it through `Supervised`:
   be started; ``missing`` lists the isolation (``isolate=True``: the namespaces of
   `runners.shim`) the kernel or the runner's rights refused. A supervisor that died
   without a report (SIGKILLed: a cgroup v2 OOM group kill of a non-root runner, or a
-  same-uid script) yields its own status instead.
+  same-uid script) yields its own status instead (``reported`` False).
+* ``init_pid`` (``isolate=True``, read by `Supervised.start`): the host pid of the PID
+  namespace's init (`runners.shim.Init`), the supervisor's child that runs the command
+  as pid 2; its memory is not the trial's, so the sampler leaves it out.
 
 `run` is `subprocess.run` for uv commands: output captured, a timeout that stops the
 whole tree (exit 124, as the environment builder expects).
@@ -51,6 +54,7 @@ class Outcome:
     error: str | None = None
     pid: int | None = None  # the command's own pid (the host's), once it ran
     missing: tuple[str, ...] = ()  # isolation asked for and not had (`runners.shim.PROTECTIONS`)
+    reported: bool = True  # False: the supervisor died without a report (its own status)
 
 
 def _in_child(join: Callable[[], None] | None) -> None:
@@ -85,7 +89,9 @@ class Supervised:
         self.join = join
         self.proc: subprocess.Popen[bytes] | None = None
         self._status_r: int | None = None
+        self._early: list[bytes] = []  # status bytes read before the end (`_read_init`)
         self._outcome: Outcome | None = None
+        self.init_pid: int | None = None
 
     def start(self, *, stdout: int | IO[Any] = subprocess.PIPE) -> subprocess.Popen[bytes]:
         status_r, status_w = os.pipe()
@@ -112,7 +118,26 @@ class Supervised:
         finally:
             os.close(status_w)
         self._status_r = status_r
+        if self.isolate:
+            self.init_pid = self._read_init()
         return self.proc
+
+    def _read_init(self) -> int | None:
+        """The ``init N`` line (the supervisor writes it right after its fork): the host pid
+        of the PID namespace's init, which is not the command (None: no namespace, or the
+        supervisor died first). What else was read is kept for `outcome`."""
+        assert self._status_r is not None
+        data = b""
+        while True:
+            for line in data.split(b"\n")[:-1]:
+                if line.startswith(b"init "):
+                    value = line[5:].strip()
+                    return int(value) if value.isdigit() else None
+            chunk = os.read(self._status_r, 4096)
+            if not chunk:
+                return None
+            self._early.append(chunk)
+            data += chunk
 
     @property
     def pid(self) -> int:
@@ -183,7 +208,7 @@ class Supervised:
         elif "error" in report:
             out = Outcome(None, error=report["error"], pid=pid)
         else:  # no report: the supervisor itself was killed
-            out = Outcome(self.proc.returncode, pid=pid)
+            out = Outcome(self.proc.returncode, pid=pid, reported=False)
         out = dataclasses.replace(out, missing=missing)
         self._outcome = out
         return out
@@ -191,7 +216,7 @@ class Supervised:
     def _read_status(self) -> list[tuple[str, str]]:
         if self._status_r is None:
             return []
-        chunks = []
+        chunks = self._early
         try:
             while chunk := os.read(self._status_r, 65536):
                 chunks.append(chunk)

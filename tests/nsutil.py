@@ -16,7 +16,9 @@ import os
 NS_PID_EXPR = 'os.readlink("/proc/self/ns/pid")'
 
 
-def _nspid(pid: str) -> list[int]:
+def nspid(pid: int | str) -> list[int]:
+    """The host process `pid`'s pid in each PID namespace it is in, the host's first (its
+    own namespace's last: 1 for a namespace's init)."""
     with open(f"/proc/{pid}/status") as f:
         for line in f:
             if line.startswith("NSpid:"):
@@ -35,7 +37,7 @@ def host_pid(ns: str, pid: int) -> int | None:
             with open(f"/proc/{name}/stat") as f:
                 if f.read().rsplit(")", 1)[1].split()[0] == "Z":
                     continue
-            if _nspid(name)[-1:] == [pid]:
+            if nspid(name)[-1:] == [pid]:
                 return int(name)
         except (OSError, IndexError):
             continue

@@ -1,19 +1,24 @@
 """run_script with real child processes, real sampling and the real memory cap of this machine."""
 
+import contextlib
 import os
+import signal
 import subprocess
 import sys
 import textwrap
 import time
 from pathlib import Path
+from typing import Any
 
 import psutil
 import pytest
 
-from runners import limits
+from runners import executor, limits
 from runners.executor import run_script
 from runners.markers import STEP_MARKER, parse_marker
-from tests.nsutil import NS_PID_EXPR, host_pid
+from runners.sampler import Sampler
+from runners.wire import Sample
+from tests.nsutil import NS_PID_EXPR, host_pid, nspid
 
 MiB = 2**20
 
@@ -363,3 +368,111 @@ def test_script_dies_with_a_killed_runner(trial_dir: Path) -> None:
     for d in (layout.v1_memory, layout.v1_pids, layout.v2):
         if d is not None:
             assert not list(d.glob(f"leakbisect-sleepy-{runner.pid}-*")), d
+
+
+# --------------------------------------------------------------------------- the init
+# As root a script runs as pid 2 of its own PID namespace under an init (runners/shim.py
+# Init). A pid 1 ignores every signal it sends itself and never reaps its orphans; the
+# script, under its init, behaves and is reported exactly as without a namespace.
+
+
+@pytest.mark.parametrize(
+    ("code", "want"),
+    [
+        ("sys.exit(0)", 0),
+        ("sys.exit(3)", 3),
+        ("sys.exit(255)", 255),
+        ("os.kill(os.getpid(), signal.SIGTERM); time.sleep(30)", -signal.SIGTERM),
+        ("signal.raise_signal(signal.SIGTERM); time.sleep(30)", -signal.SIGTERM),
+        ("os.kill(os.getpid(), signal.SIGKILL); time.sleep(30)", -signal.SIGKILL),
+        ("raise KeyboardInterrupt", -signal.SIGINT),  # Python re-raises SIGINT on itself
+    ],
+)
+def test_the_scripts_own_status_is_reported(trial_dir: Path, code: str, want: int) -> None:
+    script = write(trial_dir, f"import os, signal, sys, time\n{code}\n")
+    ex = run_script(PY, script, cwd=trial_dir, timeout_s=60, memory_limit_bytes=256 * MiB)
+    assert (ex.exit_code, ex.timed_out, ex.error) == (want, False, None), ex.log_tail
+    assert not [n for n in ex.cap_notes if "supervisor" in n], ex.cap_notes
+
+
+# The script's child double-forks and exits: the grandchild, holding 200 MiB, is an orphan
+# (its parent is now pid 1, the init) and waits until the test has sampled it; the script
+# then watches it go: "reaped" once it is gone from /proc ("zombie": nobody reaped it).
+ORPHAN = """
+import os, sys, time
+
+def wait(path):
+    deadline = time.monotonic() + 30
+    while not os.path.exists(path) and time.monotonic() < deadline:
+        time.sleep(0.01)
+
+r, w = os.pipe()
+child = os.fork()
+if child == 0:
+    if os.fork() == 0:
+        keep = b"x" * (200 * 2**20)
+        os.write(w, b"%d\\n" % os.getpid())
+        wait("sampled")
+    os._exit(0)
+os.waitpid(child, 0)
+gpid = int(os.read(r, 64))
+stat = "/proc/%d/stat" % gpid
+ppid = int(open(stat).read().rsplit(")", 1)[1].split()[1])
+deadline = time.monotonic() + 10
+while os.path.exists(stat) and time.monotonic() < deadline:
+    time.sleep(0.01)
+try:
+    state = "zombie" if open(stat).read().rsplit(")", 1)[1].split()[0] == "Z" else "alive"
+except FileNotFoundError:
+    state = "reaped"
+print(ppid, state)
+"""
+
+
+def test_an_orphan_is_sampled_while_it_lives_and_reaped(trial_dir: Path) -> None:
+    def on_sample(sample: Sample) -> None:
+        if sample.rss >= 200 * MiB:
+            (trial_dir / "sampled").touch()
+
+    ex = run_script(
+        PY, write(trial_dir, ORPHAN), cwd=trial_dir, timeout_s=60,
+        memory_limit_bytes=512 * MiB, on_sample=on_sample,
+    )  # fmt: skip
+    assert (ex.exit_code, ex.log_tail) == (0, "1 reaped\n")
+    assert ex.peak_rss >= 200 * MiB
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="no PID namespace, so no init, without root")
+def test_the_init_is_not_sampled(trial_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The sampler counts the script and what it starts, never the namespace's init (its
+    memory, a fork of the supervisor, is not the trial's)."""
+    samplers: list[Sampler] = []
+
+    class Recording(Sampler):
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            super().__init__(*args, **kwargs)
+            samplers.append(self)
+
+    seen: list[list[int]] = []  # each sampled process's pids, the host's first
+
+    def on_sample(_: Sample) -> None:
+        for pid in samplers[0].pids():
+            with contextlib.suppress(OSError):
+                seen.append(nspid(pid))
+        if [2] in [p[-1:] for p in seen]:
+            (trial_dir / "sampled").touch()
+
+    monkeypatch.setattr(executor, "Sampler", Recording)
+    code = """
+    import os, time
+    deadline = time.monotonic() + 30
+    while not os.path.exists("sampled") and time.monotonic() < deadline:
+        time.sleep(0.01)
+    print(os.getpid())
+    """
+    ex = run_script(
+        PY, write(trial_dir, code), cwd=trial_dir, timeout_s=60, memory_limit_bytes=256 * MiB,
+        on_sample=on_sample,
+    )  # fmt: skip
+    assert (ex.exit_code, ex.log_tail, ex.missing_protections) == (0, "2\n", [])
+    assert seen and all(len(p) == 2 and p[-1] != 1 for p in seen), seen

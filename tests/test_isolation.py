@@ -158,7 +158,7 @@ def test_two_owners_trials_cannot_reach_each_other(
             "tmpdir": "ENOENT",
             "ptrace": "ESRCH",
             "visible": False,
-            "processes": [1],  # bob's /proc holds bob alone
+            "processes": [1, 2],  # bob's /proc holds bob's init (root's) and bob alone
             "postgres": "ECONNREFUSED",  # bob's own loopback, nothing listens there
             "host_port": "ECONNREFUSED",
         }

@@ -10,6 +10,7 @@ user) say so in their skip reason; the suite runs as root here.
 
 from __future__ import annotations
 
+import concurrent.futures
 import json
 import os
 import platform
@@ -20,6 +21,7 @@ import subprocess
 import sys
 import textwrap
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import psutil
@@ -27,11 +29,12 @@ import pytest
 
 from runners import limits, sandbox, users
 from runners.errors import InvalidInput, Unavailable
-from runners.executor import run_script
+from runners.executor import Execution, TrialKill, run_script
 from runners.limits import MemoryCap
 from runners.sampler import Sampler
 from runners.supervise import Supervised, run
 from runners.users import identities
+from tests.nsutil import host_pid, nspid
 
 MiB = 2**20
 ROOT = os.geteuid() == 0
@@ -70,8 +73,25 @@ def script(work: Path, code: str, name: str = "repro.py") -> Path:
     return p
 
 
+def run_holding(work: Path, **kwargs: object) -> tuple[Execution, int]:
+    """`run_script` of a script whose grandchild writes ``NS PID`` to ``grandchild`` and
+    waits for ``go``: the grandchild's host pid (found while it lives), for the test to
+    check after the run, and the run's execution."""
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        run = pool.submit(run_script, **kwargs)
+        try:
+            ns, pid = wait_for(work / "grandchild").split()
+            host = host_pid(ns, int(pid))
+        finally:
+            (work / "go").touch()
+        ex = run.result()
+    assert host is not None, "the grandchild was not found running"
+    return ex, host
+
+
 # The escape: fork, setsid, fork again; the grandchild is nobody's child but init's (or,
-# with the supervisor, the supervisor's). It reports its pid, then grows to 300 MiB.
+# with the supervisor, the namespace's init). It reports its pid (its PID namespace's:
+# the test finds the host's, then says "go"), then grows to 300 MiB.
 DOUBLE_FORK = """
 import os, sys, time
 r, w = os.pipe()
@@ -80,6 +100,9 @@ if os.fork() == 0:
     if os.fork() == 0:
         keep = []
         os.write(w, b"%d\\n" % os.getpid())
+        deadline = time.monotonic() + 30
+        while not os.path.exists("go") and time.monotonic() < deadline:
+            time.sleep(0.01)
         for _ in range(30):
             keep.append(b"x" * (10 * 2**20))
             time.sleep(0.03)
@@ -87,7 +110,7 @@ if os.fork() == 0:
         time.sleep(120)
     os._exit(0)
 gpid = int(os.read(r, 64))
-open("grandchild", "w").write("%d\\n" % gpid)
+open("grandchild", "w").write("%s %d\\n" % (os.readlink("/proc/self/ns/pid"), gpid))
 print("grandchild", gpid, flush=True)
 {wait}
 """
@@ -115,11 +138,10 @@ print("leaving", flush=True)
 def test_double_fork_setsid_grandchild_is_capped(cap, trial_dir: Path, trial_python: str) -> None:
     """Over the cap, the escaped grandchild is sampled, counted and killed by the cap."""
     code = DOUBLE_FORK.replace("{wait}", WAIT_FOR_DEATH)
-    ex = run_script(
-        trial_python, script(trial_dir, code), cwd=trial_dir, timeout_s=60,
-        memory_limit_bytes=200 * MiB, cap_method=cap,
+    ex, gpid = run_holding(
+        trial_dir, python=trial_python, script=script(trial_dir, code), cwd=trial_dir,
+        timeout_s=60, memory_limit_bytes=200 * MiB, cap_method=cap,
     )  # fmt: skip
-    gpid = int((trial_dir / "grandchild").read_text())
     assert ex.cap_method == cap
     assert ex.oom_killed is True
     assert not (trial_dir / "grown").exists()  # it never reached 300 MiB
@@ -143,11 +165,10 @@ def test_double_fork_setsid_grandchild_does_not_outlive_the_trial(
     """Under the cap, the grandchild holding 300 MiB is sampled, then killed with the trial."""
     code = DOUBLE_FORK.replace("{wait}", LEAVE_WHEN_GROWN)
     t0 = time.monotonic()
-    ex = run_script(
-        trial_python, script(trial_dir, code), cwd=trial_dir, timeout_s=60,
-        memory_limit_bytes=1024 * MiB, cap_method=cap,
+    ex, gpid = run_holding(
+        trial_dir, python=trial_python, script=script(trial_dir, code), cwd=trial_dir,
+        timeout_s=60, memory_limit_bytes=1024 * MiB, cap_method=cap,
     )  # fmt: skip
-    gpid = int((trial_dir / "grandchild").read_text())
     assert (ex.exit_code, ex.oom_killed, ex.timed_out) == (0, False, False), ex.log_tail
     assert time.monotonic() - t0 < 30  # not the grandchild's two minutes
     assert gone(gpid)
@@ -155,12 +176,17 @@ def test_double_fork_setsid_grandchild_does_not_outlive_the_trial(
     assert ex.cap_notes == [] or all("unavailable" in n for n in ex.cap_notes)
 
 
-# The cgroup.procs escape: the grandchild writes its pid into the parent of its memory cgroup.
+# The cgroup.procs escape: the grandchild writes its pid into the parent of its memory cgroup
+# (once the test has its host pid: `run_holding`).
 PROCS_ESCAPE = """
 import os, sys, time
 if os.fork() == 0:
     os.setsid()
     if os.fork() == 0:
+        open("grandchild", "w").write("%s %d\\n" % (os.readlink("/proc/self/ns/pid"), os.getpid()))
+        deadline = time.monotonic() + 30
+        while not os.path.exists("go") and time.monotonic() < deadline:
+            time.sleep(0.01)
         mine = [l for l in open("/proc/self/cgroup") if ":memory:" in l][0].split(":", 2)[2].strip()
         parent = "/sys/fs/cgroup/memory" + os.path.dirname(mine)
         try:
@@ -195,18 +221,18 @@ def test_cgroup_procs_escape_is_refused_to_the_trial_user(
     cap, trial_dir: Path, trial_python: str
 ) -> None:
     code = PROCS_ESCAPE.replace("{patience}", "1")
-    ex = run_script(
-        trial_python, script(trial_dir, code), cwd=trial_dir, timeout_s=60,
-        memory_limit_bytes=512 * MiB, cap_method=cap,
+    ex, host = run_holding(
+        trial_dir, python=trial_python, script=script(trial_dir, code), cwd=trial_dir,
+        timeout_s=60, memory_limit_bytes=512 * MiB, cap_method=cap,
     )  # fmt: skip
-    gpid, before, after, *result = (trial_dir / "escape").read_text().split()
+    _, before, after, *result = (trial_dir / "escape").read_text().split()
     assert " ".join(result) == "refused: PermissionError"
     assert after == before  # still where the trial put it
     if cap == "cgroup-v1":
         assert before.rsplit("/", 1)[1].startswith(f"leakbisect-repro-{os.getpid()}-")
     assert ex.exit_code == 0, ex.log_tail
     assert "escapee died" not in ex.log_tail  # nothing killed it during the trial...
-    assert gone(int(gpid))  # ...and it did not outlive it
+    assert gone(host)  # ...and it did not outlive it
 
 
 @needs_root
@@ -217,16 +243,16 @@ def test_cgroup_procs_escape_as_root_succeeds_and_is_killed_at_once(
     """A script running as root (run_as=None: what a non-root runner's own uid can do in a
     cgroup it owns) can move itself out; the sampler sees it outside and kills it."""
     code = PROCS_ESCAPE.replace("{patience}", "20")
-    ex = run_script(
-        trial_python, script(trial_dir, code), cwd=trial_dir, timeout_s=60,
-        memory_limit_bytes=512 * MiB, cap_method="cgroup-v1", run_as=None,
+    ex, host = run_holding(
+        trial_dir, python=trial_python, script=script(trial_dir, code), cwd=trial_dir,
+        timeout_s=60, memory_limit_bytes=512 * MiB, cap_method="cgroup-v1", run_as=None,
     )  # fmt: skip
-    gpid, before, after, result = (trial_dir / "escape").read_text().split()
+    _, before, after, result = (trial_dir / "escape").read_text().split()
     assert result == "moved"
     assert after == before.rsplit("/", 1)[0]  # in the parent cgroup: out of the cap
     assert "escapee died during the trial" in ex.log_tail
-    assert f"pid {gpid} left the trial's cgroup: killed" in ex.cap_notes
-    assert gone(int(gpid))
+    assert f"pid {host} left the trial's cgroup: killed" in ex.cap_notes
+    assert gone(host)
 
 
 FORK_BOMB = """
@@ -333,21 +359,67 @@ def test_bisect_variables_are_refused() -> None:
     assert sandbox.scrub({"A": "1", "BISECT_RUNNER_TOKEN": "x"}) == {"A": "1"}
 
 
+# The script is pid 2 of its PID namespace; its parent is the namespace's init (pid 1,
+# root's) and the supervisor, outside the namespace, has no pid there at all. It is given
+# the supervisor's host pid (``on_start``) and tries to SIGKILL both.
+KILL_SUPERVISOR = """
+import os, signal, time
+while not os.path.exists("supervisor"):
+    time.sleep(0.01)
+supervisor = int(open("supervisor").read())
+seen = [os.getpid(), os.getppid(), os.path.exists("/proc/%d" % supervisor)]
+for target in (supervisor, os.getppid()):
+    try:
+        os.kill(target, signal.SIGKILL)
+        seen.append("sent")
+    except OSError as e:
+        seen.append(type(e).__name__)
+print(*seen)
+"""
+
+
+# Then (as root inside) SIGTERM to its init, which forwards it.
+TERM_INIT = """
+os.kill(1, signal.SIGTERM)
+time.sleep(30)
+print("SIGTERM not forwarded")
+"""
+
+
+def _tell_the_supervisor(work: Path) -> Callable[[TrialKill], None]:
+    def on_start(kill: TrialKill) -> None:
+        (work / "supervisor").write_text(str(kill.pgid))  # the supervisor's host pid
+
+    return on_start
+
+
 @needs_root
 def test_the_script_cannot_signal_its_supervisor(trial_dir: Path, trial_python: str) -> None:
-    code = """
-    import os, signal
-    try:
-        os.kill(os.getppid(), signal.SIGKILL)
-        print("killed the supervisor")
-    except PermissionError:
-        print("EPERM")
-    """
     ex = run_script(
-        trial_python, script(trial_dir, code), cwd=trial_dir, timeout_s=60,
-        memory_limit_bytes=256 * MiB,
+        trial_python, script(trial_dir, KILL_SUPERVISOR), cwd=trial_dir, timeout_s=60,
+        memory_limit_bytes=256 * MiB, on_start=_tell_the_supervisor(trial_dir),
     )  # fmt: skip
-    assert (ex.exit_code, ex.log_tail, ex.cap_notes.count("x")) == (0, "EPERM\n", 0)
+    assert ex.missing_protections == []
+    # Not in its namespace: no such process; its parent, the init, is root's: EPERM.
+    assert (ex.exit_code, ex.log_tail) == (0, "2 1 False ProcessLookupError PermissionError\n")
+    assert not [n for n in ex.cap_notes if "supervisor" in n or "outlived" in n], ex.cap_notes
+
+
+@needs_root
+def test_a_root_script_cannot_end_its_init_and_the_report_holds(
+    trial_dir: Path, trial_python: str
+) -> None:
+    """As root inside (run_as=None), the supervisor is still out of reach; SIGKILL to pid 1
+    from inside its namespace is dropped by the kernel, so the trial runs on and reports
+    its own exit; SIGTERM to pid 1 is forwarded to the script, which dies of it: reported
+    as that signal, as the script's own end."""
+    ex = run_script(
+        trial_python, script(trial_dir, KILL_SUPERVISOR + TERM_INIT), cwd=trial_dir, timeout_s=60,
+        memory_limit_bytes=256 * MiB, on_start=_tell_the_supervisor(trial_dir), run_as=None,
+    )  # fmt: skip
+    assert (ex.exit_code, ex.timed_out) == (-signal.SIGTERM, False)
+    assert ex.log_tail == "2 1 False ProcessLookupError sent\n"
+    assert not [n for n in ex.cap_notes if "supervisor" in n or "outlived" in n], ex.cap_notes
 
 
 @needs_root
@@ -385,6 +457,44 @@ def test_supervisor_reports_exact_status(tmp_path: Path) -> None:
     missing = run(["/nonexistent/tool"], env=env, cwd=Path("/"), run_as=None, timeout=30)
     assert missing.returncode == 127
     assert missing.stderr.startswith("error: cannot start /nonexistent/tool: [Errno 2] ")
+
+
+@needs_root
+def test_supervisor_reports_exact_status_under_its_init() -> None:
+    """Isolated, the command is pid 2 under the namespace's init (its host pid in the
+    ``init`` line, the parent of the command's host pid), and the report is what it was
+    without a namespace: the exit code, the signal it sent itself, a stop's SIGKILL."""
+    env = {"PATH": "/usr/bin:/bin"}
+    for code, want in (
+        ("exit 3", 3), ("kill -TERM $$", -signal.SIGTERM), ("kill -KILL $$", -signal.SIGKILL),
+        ("exec /nonexistent/tool", 127),  # the shell's own status
+    ):  # fmt: skip
+        sup = Supervised(["/bin/sh", "-c", code], cwd=Path("/"), env=env, run_as=None,
+                         isolate=True)  # fmt: skip
+        sup.start()
+        assert sup.wait(30)
+        assert sup.outcome().exit_code == want, code
+        pid = sup.outcome().pid
+        assert pid is not None and sup.init_pid is not None and pid != sup.init_pid
+    sup = Supervised(["/nonexistent/tool"], cwd=Path("/"), env=env, run_as=None, isolate=True)
+    sup.start()
+    assert sup.wait(30)
+    outcome = sup.outcome()
+    assert (outcome.exit_code, outcome.pid) == (None, None)
+    assert outcome.error is not None
+    assert outcome.error.startswith("cannot start /nonexistent/tool: [Errno 2] ")
+    sup = Supervised(["/bin/sh", "-c", "echo ready; exec sleep 300"], cwd=Path("/"), env=env,
+                     run_as=None, isolate=True)  # fmt: skip
+    proc = sup.start()
+    assert proc.stdout is not None and proc.stdout.readline() == b"ready\n"
+    init = sup.init_pid
+    assert init is not None and nspid(init)[-1] == 1
+    [command] = psutil.Process(init).children()
+    assert nspid(command.pid)[-1] == 2
+    sup.stop()
+    sup.wait_stopped()
+    assert (sup.outcome().exit_code, sup.outcome().pid) == (-signal.SIGKILL, command.pid)
+    assert gone(init) and gone(command.pid)
 
 
 def test_supervisor_stop_kills_every_descendant() -> None:
