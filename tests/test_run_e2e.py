@@ -14,6 +14,8 @@ import psutil
 import pytest
 from packaging.version import Version
 
+from tests.nsutil import NS_PID_EXPR, host_pid
+
 EXAMPLE_REPRO = Path(__file__).resolve().parents[1] / "service" / "example" / "repro.py"
 CLI = [sys.executable, "-m", "service.cli"]
 # The fixture's 1.0.0..1.0.9 bisection as it ends, idle or loaded (tests/test_neighbours_e2e.py).
@@ -245,8 +247,9 @@ def test_interrupt_cancels_the_job_and_kills_the_trial(
     drop.mkdir(mode=0o777)
     drop.chmod(0o777)
     pidfile = drop / "child.pid"
-    script.write_text(
-        f"import os, time\nopen({str(pidfile)!r}, 'w').write(str(os.getpid()))\ntime.sleep(120)\n"
+    script.write_text(  # its pid in its PID namespace: the test finds the host's (nsutil)
+        f"import os, time\nopen({str(pidfile)!r}, 'w')"
+        f".write('%s %d' % ({NS_PID_EXPR}, os.getpid()))\ntime.sleep(120)\n"
     )
     db = reachable_tmp / "r.db"
     env = {
@@ -262,10 +265,12 @@ def test_interrupt_cancels_the_job_and_kills_the_trial(
         preexec_fn=_ignoring_sigint if inherited == "ignored" else None,
     )  # fmt: skip
     deadline = time.monotonic() + 60
-    while not pidfile.exists() and time.monotonic() < deadline:
+    while not pidfile.exists() or len(pidfile.read_text().split()) < 2:  # written whole
+        assert time.monotonic() < deadline, "the trial never started"
         time.sleep(0.2)
-    assert pidfile.exists(), "the trial never started"
-    child = int(pidfile.read_text())
+    ns, pid = pidfile.read_text().split()
+    child = host_pid(ns, int(pid))
+    assert child is not None, "the trial's script is not running"
     proc.send_signal(signal.SIGINT)
     try:
         _, stderr = proc.communicate(timeout=30)
@@ -281,6 +286,7 @@ def test_interrupt_cancels_the_job_and_kills_the_trial(
     ]
     trials = "select kind, status from trial order by id"
     assert con.execute(trials).fetchall() == [("resolve", "done"), ("run", "cancelled")]
+    assert host_pid(ns, int(pid)) is None
     assert not psutil.pid_exists(child) or psutil.Process(child).status() == psutil.STATUS_ZOMBIE
 
 
