@@ -12,6 +12,12 @@ it holds the runner id and the runner secret the report must be sent with (the r
 resends it may have registered since under another id). Files are written to a temporary
 name and renamed, so a crash mid-write leaves no half entry; an entry that cannot be read
 is renamed ``*.bad`` and skipped.
+
+Never through a link (runners/safefs.py): the spool directory is opened ``O_NOFOLLOW`` and
+its mode set on the descriptor; an entry is written to a fresh ``O_EXCL|O_NOFOLLOW``
+temporary and renamed by directory descriptor; an entry is read only when it is a regular
+file with one link, non-blocking and bounded (`MAX_ENTRY_BYTES`). A link, FIFO or device
+planted as an entry is set aside as ``.bad`` like an unreadable one.
 """
 
 from __future__ import annotations
@@ -23,7 +29,11 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
+from runners import safefs
 from runners.wire import TrialReport
+
+# A report is bounded by what the API takes; an entry past this is not one of ours.
+MAX_ENTRY_BYTES = 256 * 1024 * 1024
 
 
 @dataclass
@@ -50,32 +60,32 @@ class Spool:
     def __init__(self, root: Path | None) -> None:
         self.dir = None if root is None else root / "spool"
 
-    def _ensure(self) -> Path:
+    def _open(self) -> int:
+        """The spool directory's descriptor (made if missing), mode 0700: it holds runner
+        secrets. Opened O_NOFOLLOW and chmod-ed on the descriptor, never by name."""
         assert self.dir is not None
         self.dir.mkdir(parents=True, exist_ok=True, mode=0o700)
-        self.dir.chmod(0o700)  # it holds runner secrets
-        return self.dir
+        fd = safefs.open_dir(self.dir)
+        os.fchmod(fd, 0o700)
+        return fd
 
     def put(self, report: TrialReport, runner_id: str, runner_secret: str | None) -> Spooled:
         """Write the report to disk (durably, before it is posted)."""
         entry = Spooled(report, runner_id, runner_secret)
         if self.dir is None:
             return entry
-        directory = self._ensure()
         name = f"trial-{report.trial_id}-a{report.attempt}.json"
-        tmp = directory / f".{name}.tmp"
         body = {
             "runner_id": runner_id,
             "runner_secret": runner_secret,
             "report": report.model_dump(mode="json"),
         }
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with os.fdopen(fd, "w") as out:
-            json.dump(body, out)
-            out.flush()
-            os.fsync(out.fileno())
-        entry.path = directory / name
-        os.replace(tmp, entry.path)
+        fd = self._open()
+        try:
+            safefs.replace_file(fd, name, json.dumps(body).encode(), mode=0o600)
+        finally:
+            os.close(fd)
+        entry.path = self.dir / name  # type: ignore[operator]
         return entry
 
     def pending(self) -> tuple[list[Spooled], list[str]]:
@@ -84,19 +94,34 @@ class Spool:
         if self.dir is None or not self.dir.is_dir():
             return [], []
         entries, bad = [], []
-        for path in sorted(self.dir.glob("trial-*.json")):
-            try:
-                body = json.loads(path.read_text())
-                entry = Spooled(
-                    TrialReport.model_validate(body["report"]),
-                    str(body["runner_id"]),
-                    body.get("runner_secret"),
-                    path,
-                )
-            except (OSError, ValueError, KeyError, TypeError, ValidationError):
-                path.rename(path.with_suffix(".bad"))
-                bad.append(path.name)
-                continue
-            entries.append(entry)
+        fd = self._open()
+        try:
+            for path in sorted(self.dir.glob("trial-*.json")):
+                entry = self._read(fd, path)
+                if entry is None:
+                    bad_name = path.with_suffix(".bad").name
+                    os.rename(path.name, bad_name, src_dir_fd=fd, dst_dir_fd=fd)
+                    bad.append(path.name)
+                else:
+                    entries.append(entry)
+        finally:
+            os.close(fd)
         entries.sort(key=lambda e: e.trial_id)
         return entries, bad
+
+    @staticmethod
+    def _read(fd: int, path: Path) -> Spooled | None:
+        """The entry at `path` (in the spool `fd`), or None when it is not a readable one."""
+        try:
+            data = safefs.read_file(fd, path.name, MAX_ENTRY_BYTES, uid=os.geteuid())
+            if data is None:
+                return None
+            body = json.loads(data)
+            return Spooled(
+                TrialReport.model_validate(body["report"]),
+                str(body["runner_id"]),
+                body.get("runner_secret"),
+                path,
+            )
+        except (OSError, ValueError, KeyError, TypeError, ValidationError):
+            return None

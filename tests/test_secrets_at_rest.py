@@ -28,6 +28,7 @@ from typer.testing import CliRunner
 
 from runners.agent import Agent
 from runners.client import ApiClient
+from runners.spool import Spool
 from runners.wire import EnvResult, TrialReport
 from service.cli import app
 from service.db import make_engine
@@ -274,6 +275,48 @@ def test_the_runner_state_directory_is_0700_and_its_entries_0600(tmp_path: Path)
         0o700,
         0o600,
     )
+
+
+def spooled(trial_id: int = 7) -> TrialReport:
+    return TrialReport(trial_id=trial_id, attempt=1, env=EnvResult(ok=True))
+
+
+def test_the_spool_writes_no_entry_through_a_planted_link(tmp_path: Path) -> None:
+    """Today's spool wrote the runner secret through a link at its temporary name."""
+    spool = Spool(tmp_path)
+    (tmp_path / "spool").mkdir(mode=0o700)
+    victim = tmp_path / "victim"
+    victim.write_text("keep")
+    for name in ("trial-7-a1.json", ".trial-7-a1.json.tmp"):
+        os.symlink(victim, tmp_path / "spool" / name)
+    entry = spool.put(spooled(), "runner-1", "runner-secret")
+    assert victim.read_text() == "keep"
+    assert entry.path is not None and not entry.path.is_symlink()
+    assert mode(entry.path) == 0o600
+    assert [e.trial_id for e in spool.pending()[0]] == [7]
+
+
+def test_the_spool_chmods_no_link_in_place_of_its_directory(tmp_path: Path) -> None:
+    target = tmp_path / "elsewhere"
+    target.mkdir()
+    target.chmod(0o755)
+    (tmp_path / "state").mkdir()
+    os.symlink(target, tmp_path / "state" / "spool")
+    with pytest.raises(OSError, match="spool"):
+        Spool(tmp_path / "state").put(spooled(), "runner-1", "runner-secret")
+    assert mode(target) == 0o755
+    assert list(target.iterdir()) == []
+
+
+def test_a_planted_fifo_or_link_entry_is_set_aside_without_hanging(tmp_path: Path) -> None:
+    spool = Spool(tmp_path)
+    spool.put(spooled(1), "runner-1", "runner-secret")
+    os.mkfifo(tmp_path / "spool" / "trial-2-a1.json")
+    os.symlink("/etc/shadow", tmp_path / "spool" / "trial-3-a1.json")
+    entries, bad = spool.pending()
+    assert [e.trial_id for e in entries] == [1]
+    assert bad == ["trial-2-a1.json", "trial-3-a1.json"]
+    assert Path("/etc/shadow").exists()  # the link was renamed, not what it points at
 
 
 # ---------------------------------------------------------------------- serve
