@@ -31,9 +31,7 @@ runner is root and that user can change the directory, so every file root puts i
 chowns or removes there goes through `runners.safefs` (directory descriptors, no link
 followed): the files and subdirectories it is given are made while the directory is
 still root's, and only then is the directory handed over (``fchown`` on its descriptor).
-`shared_dir` prepares the environment root and the uv cache: owned by the build user,
-mode 0755, so the trial user can read and run the environments but not change them;
-it fails with one line naming the path that blocks and the fix.
+The environment root and the uv cache are the runner's (`runners.publish`).
 
 `become_subreaper` makes the runner process a child subreaper, the backstop behind the
 per-trial supervisor (`runners.shim`): should a supervisor die, the trial's orphans
@@ -56,9 +54,9 @@ from collections.abc import Collection, Iterator, Mapping
 from pathlib import Path
 
 from runners import safefs
-from runners.errors import InvalidInput, Unavailable
+from runners.errors import InvalidInput
 from runners.shim import children
-from runners.users import Identity, blocked_by
+from runners.users import Identity
 
 log = logging.getLogger(__name__)
 
@@ -121,12 +119,6 @@ def scrub(env: Mapping[str, str]) -> dict[str, str]:
 
 
 # --------------------------------------------------------------------------- directories
-
-
-def _chown(path: Path, who: Identity | None) -> None:
-    """By name: only for directories no untrusted user can change (`shared_dir`)."""
-    if who is not None:
-        os.chown(path, who.uid, who.gid)
 
 
 def _hand_over(fd: int, who: Identity | None) -> None:
@@ -198,46 +190,6 @@ def give(path: Path, who: Identity | None, mode: int = 0o600, text: str = "") ->
     with safefs.dir_fd(path.parent) as fd:
         safefs.create_file(fd, path.name, text.encode(), uid=uid, gid=gid, mode=mode)
     return path
-
-
-def shared_dir(path: Path, owner: Identity | None, readers: list[Identity], what: str) -> Path:
-    """Make `path` a directory `owner` writes and `readers` read (0755); fail in one line.
-
-    A missing directory is created (parents as the runner, 0755), and so is an empty
-    one owned by someone else handed to `owner`; a populated one is never re-owned
-    behind the user's back: the error says which command fixes it.
-    """
-    path = Path(path)
-    if not path.exists():
-        path.parent.mkdir(parents=True, exist_ok=True, mode=0o755)
-        with contextlib.suppress(FileExistsError):
-            path.mkdir(mode=0o755)
-        _chown(path, owner)
-    elif (
-        owner is not None
-        and path.is_dir()
-        and path.stat().st_uid != owner.uid
-        and not any(path.iterdir())
-    ):
-        _chown(path, owner)
-        path.chmod(0o755)
-    _require(path, owner, "rwx", what, owner)
-    for reader in readers:
-        _require(path, reader, "rx", what, owner)
-    return path
-
-
-def _require(
-    path: Path, who: Identity | None, need: str, what: str, owner: Identity | None
-) -> None:
-    reason = blocked_by(path, who, need)
-    if reason is None:
-        return
-    if owner is not None and Path(reason.split(" is mode", 1)[0]) == path:
-        fix = f"run: chown -R {owner.name}: {path} && chmod 0755 {path}"
-    else:
-        fix = "choose a directory every user can reach (BISECT_CACHE_DIR, UV_CACHE_DIR)"
-    raise Unavailable(f"{what} {path} is not usable by {who}: {reason}; {fix}")
 
 
 # --------------------------------------------------------------------------- the subreaper

@@ -16,7 +16,6 @@ import os
 import platform
 import pwd
 import signal
-import stat
 import subprocess
 import sys
 import textwrap
@@ -28,7 +27,7 @@ import psutil
 import pytest
 
 from runners import limits, sandbox, users
-from runners.errors import InvalidInput, Unavailable
+from runners.errors import InvalidInput
 from runners.executor import Execution, TrialKill, run_script
 from runners.limits import MemoryCap
 from runners.sampler import Sampler
@@ -515,33 +514,6 @@ def test_supervisor_stop_kills_every_descendant() -> None:
 
 
 # --------------------------------------------------------------------------- directories
-
-
-@needs_root
-def test_shared_dir_fails_in_one_line_with_the_fix(reachable_tmp: Path) -> None:
-    ids = identities()
-    populated = reachable_tmp / "cache"
-    populated.mkdir()
-    (populated / "something").write_text("root's")
-    with pytest.raises(Unavailable) as info:
-        sandbox.shared_dir(populated, ids.build, [ids.trial], "uv cache")
-    assert str(info.value) == (
-        f"uv cache {populated} is not usable by {ids.build}: {populated} is mode 0755, "
-        f"owner root:root; run: chown -R {ids.build.name}: {populated} && chmod 0755 {populated}"
-    )
-    private = reachable_tmp / "private"
-    private.mkdir(mode=0o700)
-    inside = private / "envs"
-    with pytest.raises(Unavailable) as info:
-        sandbox.shared_dir(inside, ids.build, [ids.trial], "environment root")
-    assert str(info.value) == (
-        f"environment root {inside} is not usable by {ids.build}: {private} is mode 0700, "
-        "owner root:root; choose a directory every user can reach "
-        "(BISECT_CACHE_DIR, UV_CACHE_DIR)"
-    )
-    fresh = sandbox.shared_dir(reachable_tmp / "new" / "envs", ids.build, [ids.trial], "root")
-    st = fresh.stat()
-    assert (st.st_uid, stat.S_IMODE(st.st_mode)) == (ids.build.uid, 0o755)
 
 
 @needs_root
