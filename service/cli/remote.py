@@ -100,6 +100,7 @@ Token = Annotated[
     typer.Option(
         "--token-file",
         envvar="BISECT_TOKEN_FILE",
+        metavar="FILE",
         callback=_client_token,
         help="File holding the API token, one of the server's BISECT_API_TOKENS, mode 0600 "
         "(env BISECT_TOKEN_FILE); else the token is read from env BISECT_TOKEN. Never on the "
