@@ -594,6 +594,7 @@ def test_the_runner_token_never_is_on_its_command_line(
         assert token.encode() not in environ  # the file route leaves no copy in the env
         wrong = tmp_path / "wrong.token"
         wrong.write_text("not-the-token\n")
+        wrong.chmod(0o600)  # a token file others can read is refused before the server is asked
         refused_by_server = svc.cli("runner", "--token-file", str(wrong), timeout=60)
         assert refused_by_server.returncode == 2
         assert refused_by_server.stderr.endswith("error: HTTP 401: invalid bearer token\n")
