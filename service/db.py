@@ -96,9 +96,14 @@ def tighten(url: str) -> None:
 
 
 def exposed(url: str) -> tuple[Path, int] | None:
-    """The first file of a SQLite database that group or others may access, and its mode."""
+    """The first file of a SQLite database that group or others may access, and its mode.
+
+    Only where they can reach it: a file open to them inside a directory they cannot enter
+    (a 0700 data directory, pytest's own temp root) is as private as a 0600 one, and a
+    tool that made the file with the usual umask (0644) should not be refused for it.
+    """
     path = sqlite_path(url)
-    if path is None:
+    if path is None or not _reachable_by_others(path):
         return None
     for file in database_files(path):
         try:
@@ -108,6 +113,18 @@ def exposed(url: str) -> tuple[Path, int] | None:
         if mode & 0o077:
             return file, mode
     return None
+
+
+def _reachable_by_others(path: Path) -> bool:
+    """Whether every directory above `path` lets users other than its owner pass
+    (group or other execute bit), following links as the kernel would."""
+    for directory in Path(os.path.realpath(path)).parents:
+        try:
+            if not os.stat(directory).st_mode & 0o011:
+                return False
+        except OSError:
+            return False
+    return True
 
 
 def prepare_sqlite(url: str) -> None:

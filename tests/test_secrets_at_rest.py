@@ -133,9 +133,9 @@ def test_an_existing_default_database_open_to_others_is_tightened(data_home: Pat
 
 @pytest.mark.parametrize("how", ["flag", "env"])
 def test_a_chosen_database_open_to_others_is_refused_and_left_as_it_is(
-    tmp_path: Path, how: str
+    reachable_tmp: Path, how: str
 ) -> None:
-    db = tmp_path / "shared.db"
+    db = reachable_tmp / "shared.db"  # every directory above it lets others pass
     assert invoke("db", "upgrade", "--database-url", f"sqlite:///{db}").exit_code == 0
     db.chmod(0o644)
     url = f"sqlite:///{db}"
@@ -149,6 +149,18 @@ def test_a_chosen_database_open_to_others_is_refused_and_left_as_it_is(
         f"script and logs; run chmod 600 {db}\n"
     )
     assert refused.stdout == ""
+    assert mode(db) == 0o644
+
+
+def test_a_chosen_database_others_cannot_reach_is_taken_as_it_is(tmp_path: Path) -> None:
+    # 0644 (what the usual umask gives) inside a directory others cannot enter: private.
+    private = tmp_path / "private"
+    private.mkdir(mode=0o700)
+    db = private / "mine.db"
+    assert invoke("db", "upgrade", "--database-url", f"sqlite:///{db}").exit_code == 0
+    db.chmod(0o644)
+    listed = invoke("list", "--database-url", f"sqlite:///{db}")
+    assert (listed.exit_code, listed.stderr) == (0, "")
     assert mode(db) == 0o644
 
 

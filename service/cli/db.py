@@ -3,7 +3,8 @@
 `results_database` is how every command that opens the results database finds it: the
 default SQLite file (BISECT_DATA_DIR) is leakbisect's own, so its directory is made 0700
 and its files 0600 (service/db.py `tighten`); a SQLite file the user named
-(--database-url, BISECT_DATABASE_URL) that group or others can read is refused in one line
+(--database-url, BISECT_DATABASE_URL) that group or others can read, in directories they
+can pass through, is refused in one line
 with the fix (exit 2): leakbisect does not change the mode of a file it was pointed at.
 """
 
