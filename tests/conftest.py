@@ -69,6 +69,17 @@ def uv_cache(reachable_dir: Callable[[str], Path]) -> Path:
 
 
 @pytest.fixture
+def without_orphan_reaper(monkeypatch: pytest.MonkeyPatch) -> None:
+    """For a test that itself starts a process as a trial or build user. Once any test in
+    this worker has run a trial, the runner's backstop thread (runners.sandbox
+    `reap_orphans`) kills and reaps every direct child running as such a user, taking it
+    for a dead supervisor's orphan, and the test's `Popen.wait` then reads exit 0 (ECHILD)."""
+    from runners import sandbox
+
+    monkeypatch.setattr(sandbox, "reap_orphans", lambda uids: 0)
+
+
+@pytest.fixture
 def trial_dir() -> Iterator[Path]:
     """A private working directory as `execute_trial` makes one: 0700, owned by the trial
     user when the tests run as root; removed after the test."""

@@ -35,6 +35,7 @@ from service.example.index import serve_index
 pytestmark = [
     pytest.mark.timeout(120),
     pytest.mark.skipif(os.geteuid() != 0, reason="builds run as the build user only under root"),
+    pytest.mark.usefixtures("without_orphan_reaper"),  # _import_clean runs as the trial user
 ]
 
 BACKEND = '''

@@ -168,6 +168,7 @@ def test_two_owners_trials_cannot_reach_each_other(
 
 
 @needs_root
+@pytest.mark.usefixtures("without_orphan_reaper")
 def test_a_slot_user_is_exclusive_and_its_leftovers_die_on_release(trial_python: str) -> None:
     """Held slots are never shared (threads of one process lock each other out too), and a
     process left running as the slot's user is killed when the lease ends."""
@@ -176,6 +177,7 @@ def test_a_slot_user_is_exclusive_and_its_leftovers_die_on_release(trial_python:
         import subprocess
 
         stray = subprocess.Popen(["sleep", "300"], user=first.uid, group=first.gid, extra_groups=[])
+        assert stray.poll() is None  # alive while the lease holds
     assert stray.wait(10) == -9
     with lease_trial_user() as again:
         assert again is not None and again.name.startswith("leakbisect-trial-")
