@@ -498,12 +498,12 @@ def test_serve_workers_refused_on_sqlite(tmp_path: Path) -> None:
 
 
 def gated(gate: Path) -> str:
-    """The example repro, held at its start until `gate/go` exists (`started-PID` says it
-    has begun)."""
+    """The example repro, held at its start until `gate/go` exists (`started-ID` says it
+    has begun; a random ID: every trial is pid 2 of its own PID namespace)."""
     return (
-        "import os, time\n"
+        "import os, time, uuid\n"
         f"GATE = {str(gate)!r}\n"
-        "open(os.path.join(GATE, f'started-{os.getpid()}'), 'w').close()\n"
+        "open(os.path.join(GATE, f'started-{uuid.uuid4().hex}'), 'w').close()\n"
         "while not os.path.exists(os.path.join(GATE, 'go')):\n"
         "    time.sleep(0.05)\n"
     ) + REPRO.read_text()
