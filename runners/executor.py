@@ -69,7 +69,7 @@ from runners.nvml import GpuProbe
 from runners.sampler import Sampler
 from runners.sandbox import allowed_env, become_subreaper, scrub
 from runners.supervise import Outcome, Supervised
-from runners.users import Identity, identities
+from runners.users import Identity, identities, processes
 from runners.wire import EarlyStop, EarlyStopRecord, Sample
 
 LOG_TAIL_BYTES = 4096
@@ -200,17 +200,11 @@ def nproc_limit(who: Identity | None, pids_limit: int) -> int:
     root; concurrent trials share the trial user's count) are not starved.
     """
     uid = who.uid if who is not None else os.getuid()
-    tasks = 0
-    for entry in os.scandir("/proc"):
-        if not entry.name.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry.name}/status", "rb") as f:
-                fields = dict(line.split(b":", 1) for line in f.read().splitlines() if b":" in line)
-        except OSError:
-            continue
-        if int(fields.get(b"Uid", b"-1").split()[0]) == uid:
-            tasks += int(fields.get(b"Threads", b"1").strip() or 1)
+    tasks = sum(
+        int(fields.get(b"Threads", b"1").strip() or 1)
+        for _, fields in processes()
+        if int(fields.get(b"Uid", b"-1").split()[0]) == uid
+    )
     return tasks + pids_limit
 
 

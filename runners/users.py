@@ -184,22 +184,30 @@ def _take_slot() -> tuple[int, int]:
         time.sleep(_LEASE_WAIT_S)
 
 
-def _uid_processes(uid: int) -> list[int]:
-    """Live processes with `uid` as their real, effective, saved or file-system uid (the
-    owner of /proc/PID is not enough: a non-dumpable process shows as root's there)."""
-    pids = []
+def processes() -> Iterator[tuple[int, dict[bytes, bytes]]]:
+    """(pid, the fields of /proc/PID/status) of every process on the machine; one that
+    ends while it is read is left out. The one reading of /proc the runner's accounts of
+    processes by uid share."""
     for name in os.listdir("/proc"):
         if not name.isdigit():
             continue
         try:
             with open(f"/proc/{name}/status", "rb") as f:
-                fields = dict(ln.split(b":", 1) for ln in f.read().splitlines() if b":" in ln)
+                lines = f.read().splitlines()
         except OSError:
             continue
-        uids = {int(x) for x in fields.get(b"Uid", b"").split()}
-        if uid in uids and not fields.get(b"State", b"").strip().startswith(b"Z"):
-            pids.append(int(name))
-    return pids
+        yield int(name), dict(ln.split(b":", 1) for ln in lines if b":" in ln)
+
+
+def _uid_processes(uid: int) -> list[int]:
+    """Live processes with `uid` as their real, effective, saved or file-system uid (the
+    owner of /proc/PID is not enough: a non-dumpable process shows as root's there)."""
+    return [
+        pid
+        for pid, fields in processes()
+        if uid in {int(x) for x in fields.get(b"Uid", b"").split()}
+        and not fields.get(b"State", b"").strip().startswith(b"Z")
+    ]
 
 
 def kill_user_processes(uid: int, rounds: int = 100) -> int:
