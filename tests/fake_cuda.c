@@ -16,12 +16,21 @@
  *       real pages: mmap(MAP_SHARED | MAP_ANONYMOUS), every page touched, so host RSS
  *       grows as *shared* memory (RssShmem), the way pinned host memory is expected to.
  *
- * So that a FAKE NVML (tests/fake_nvml.py, published mode) can report per-process device
- * memory, the library publishes this process's device usage (context + allocations, in
- * bytes, one decimal line) in the file <dir>/<pid> after every change, written to a
- * temporary name and renamed so a reader never sees half a number; cuCtxDestroy_v2
- * removes it. <dir> is $LEAKBISECT_FAKE_CUDA_DIR, else the FAKE_USAGE_DIR compiled in;
- * empty means "do not publish".
+ * So that a FAKE NVML (tests/fake_nvml.py published mode, tests/fake_libnvml.c) can report
+ * per-process device memory, the library publishes this process's device usage (context +
+ * allocations, in bytes, one decimal line) in the file <dir>/<nsino>.<nspid> after every
+ * change, written to a temporary name (.<nsino>.<nspid>.tmp) and renamed so a reader never
+ * sees half a number; cuCtxDestroy_v2 removes it. <dir> is $LEAKBISECT_FAKE_CUDA_DIR, else
+ * the FAKE_USAGE_DIR compiled in; empty means "do not publish".
+ *
+ * The name is this process's identity as its own PID namespace knows it: <nsino> is the
+ * inode of its PID namespace (stat("/proc/self/ns/pid").st_ino, the namespace's identity
+ * whichever /proc is mounted) and <nspid> is getpid() there. A trial runs in a PID
+ * namespace of its own (runners/shim.py: the script is pid 2 inside), while NVML's reader
+ * (the runner's sampler) is on the host and, like a real NVIDIA driver, reports host
+ * (initial-namespace) pids: the FAKE NVML resolves the pair to the host pid through the
+ * host's /proc (the process of that namespace whose NSpid ends with <nspid>). Without a
+ * namespace <nsino> is the host's own and <nspid> the host pid.
  *
  * Environment (read by cuInit):
  *   LEAKBISECT_FAKE_CUDA_DIR          where to publish usage (see above)
@@ -38,6 +47,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #ifndef FAKE_USAGE_DIR
@@ -90,11 +100,20 @@ static CUresult injected(const char *symbol) {
     return (fail_symbol[0] && strcmp(fail_symbol, symbol) == 0) ? fail_code : CUDA_SUCCESS;
 }
 
+/* This process as its PID namespace knows it: "<nsino>.<nspid>" (see the header). */
+static int identity(char *out, size_t len) {
+    struct stat ns;
+    if (stat("/proc/self/ns/pid", &ns) != 0) return 0;
+    snprintf(out, len, "%llu.%d", (unsigned long long)ns.st_ino, (int)getpid());
+    return 1;
+}
+
 static void publish(void) {
     if (!usage_dir[0]) return;
-    char path[4200], tmp[4200];
-    snprintf(path, sizeof path, "%s/%d", usage_dir, (int)getpid());
-    snprintf(tmp, sizeof tmp, "%s/.%d.tmp", usage_dir, (int)getpid());
+    char id[64], path[4200], tmp[4200];
+    if (!identity(id, sizeof id)) return;
+    snprintf(path, sizeof path, "%s/%s", usage_dir, id);
+    snprintf(tmp, sizeof tmp, "%s/.%s.tmp", usage_dir, id);
     if (!the_ctx.alive) { unlink(path); return; }
     FILE *f = fopen(tmp, "w");
     if (!f) return;

@@ -11,6 +11,11 @@ variables override them at run time.
 The fixture scripts load the library named by ``LEAKBISECT_CUDA_LIBRARY`` (default
 ``libcuda.so.1``); `FakeCuda.env()` gives that variable for a child's environment.
 
+A process publishes in ``<usage_dir>/<nsino>.<nspid>``: its PID namespace's inode and its
+pid there (a trial's script is pid 2 of a namespace of its own), which the FAKE NVMLs
+resolve to the host pid, as a real driver reports it. `usage_name` names the file of a
+process in this process's PID namespace (`FakeCuda.usage_file`).
+
 `build_fake_libnvml` compiles tests/fake_libnvml.c, a FAKE ``libnvidia-ml.so.1`` that
 reports the same published usage, so the *real* pynvml module can be pointed at it
 (``LD_LIBRARY_PATH`` for a child process, or `load_fake_libnvml` in this one) and its
@@ -20,8 +25,10 @@ ctypes marshalling is exercised together with `runners.nvml`.
 from __future__ import annotations
 
 import ctypes
+import os
 import shutil
 import subprocess
+import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -50,6 +57,18 @@ class FakeCuda:
     def env(self, **extra: str) -> dict[str, str]:
         """Variables that point a fixture script at this FAKE driver (plus ``extra``)."""
         return {LIBRARY_ENV: str(self.library), **extra}
+
+    def usage_file(self, pid: int) -> Path:
+        """Where process `pid` of this process's PID namespace publishes its usage."""
+        return self.usage_dir / usage_name(pid)
+
+
+def usage_name(pid: int, ns_inode: int | None = None) -> str:
+    """The usage file name of process `pid` of the PID namespace whose inode is `ns_inode`
+    (default: this process's namespace, whose pids ``os.getpid()`` and ``Popen.pid`` are)."""
+    if ns_inode is None:
+        ns_inode = os.stat("/proc/self/ns/pid").st_ino
+    return f"{ns_inode}.{pid}"
 
 
 def _compile(source: Path, library: Path, *flags: str) -> None:
@@ -118,3 +137,69 @@ def load_fake_libnvml(library: Path) -> Iterator[ModuleType]:
         pynvml.nvmlLib = saved[0]
         pynvml._nvmlGetFunctionPointer_cache.clear()
         pynvml._nvmlGetFunctionPointer_cache.update(saved[1])
+
+
+# Pid 1 of a new PID namespace (its own /proc mounted, as a trial's) publishes argv[2] MiB
+# and forks pid 2, which publishes argv[3] MiB, both named as the FAKE driver names them;
+# "ready", then both wait for stdin to close.
+_NAMESPACED_PUBLISHERS = """
+import os, sys
+usage, mib = sys.argv[1], sys.argv[2:]
+def publish(n):
+    ino = os.stat("/proc/self/ns/pid").st_ino
+    with open(f"{usage}/{ino}.{os.getpid()}", "w") as f:
+        f.write(f"{int(n) * 2**20}\\n")
+publish(mib[0])
+r, w = os.pipe()
+if os.fork() == 0:
+    os.close(r)
+    publish(mib[1])
+    os.close(w)
+    sys.stdin.read()
+    os._exit(0)
+os.close(w)
+os.read(r, 1)
+print("ready", os.getpid(), flush=True)
+sys.stdin.read()
+os.wait()
+"""
+
+
+@contextmanager
+def published_from_a_pid_namespace(
+    usage_dir: Path, mib: tuple[int, int]
+) -> Iterator[dict[int, int]]:
+    """Pid 1 and pid 2 of a new PID namespace publish ``mib[0]`` and ``mib[1]`` MiB in
+    ``usage_dir`` as the FAKE driver names them; yields {host pid: MiB} while they live.
+
+    Needs root and util-linux ``unshare`` (the caller skips otherwise: `can_unshare_pid`).
+    """
+    import psutil
+
+    proc = subprocess.Popen(
+        ["unshare", "--pid", "--fork", "--mount-proc", sys.executable, "-c",
+         _NAMESPACED_PUBLISHERS, str(usage_dir), *map(str, mib)],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        assert proc.stdout is not None and proc.stdout.readline().split() == ["ready", "1"]
+        host = {}
+        for child in psutil.Process(proc.pid).children(recursive=True):
+            with open(f"/proc/{child.pid}/status") as f:
+                nspid = next(ln.split()[1:] for ln in f if ln.startswith("NSpid:"))
+            if len(nspid) == 2:
+                host[int(nspid[1])] = child.pid
+        assert set(host) == {1, 2}, host
+        yield {host[1]: mib[0], host[2]: mib[1]}
+    finally:
+        assert proc.stdin is not None
+        proc.stdin.close()
+        proc.wait(timeout=30)
+
+
+def can_unshare_pid() -> bool:
+    """Whether this process may start a PID namespace with its own /proc (root, unshare)."""
+    if os.geteuid() != 0 or shutil.which("unshare") is None:
+        return False
+    probe = ["unshare", "--pid", "--fork", "--mount-proc", "true"]
+    return subprocess.run(probe, capture_output=True).returncode == 0

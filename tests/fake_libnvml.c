@@ -7,7 +7,15 @@
  * "FAKE NVML device", FAKE_TOTAL_MIB of memory.
  *
  * Its compute processes are what the FAKE CUDA driver (tests/fake_cuda.c) publishes: every
- * file <dir>/<pid> holding a decimal byte count, for pids that are alive. <dir> is
+ * file <dir>/<nsino>.<nspid> holding a decimal byte count, where <nsino> is the inode of the
+ * publisher's PID namespace and <nspid> its pid there. Like a real driver, which reports
+ * host (initial-namespace) pids whatever namespace a process runs in (a trial's script is
+ * pid 2 of its own namespace: runners/shim.py), it lists each one under its pid in this
+ * process's /proc: the process there whose /proc/PID/ns/pid has inode <nsino> and whose
+ * "NSpid:" line in /proc/PID/status ends with <nspid> (its first NSpid field). Fast path:
+ * /proc/<nspid> itself, when it is that process (no namespace). A file nobody alive
+ * resolves to (the process is gone), or older than its process's start (left by a dead
+ * process whose namespace inode and pid were reused), is not listed. <dir> is
  * $LEAKBISECT_FAKE_NVML_DIR, else the FAKE_USAGE_DIR compiled in. Used memory is their sum.
  * $LEAKBISECT_FAKE_NVML_UNKNOWN=1 reports every process's memory as NVML_VALUE_NOT_AVAILABLE.
  * The graphics and MPS lists are empty.
@@ -23,6 +31,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #ifndef FAKE_USAGE_DIR
 #define FAKE_USAGE_DIR ""
@@ -57,31 +67,156 @@ static struct fake_device the_device = {0};
 
 struct proc { unsigned int pid; unsigned long long used; };
 
-/* The live publishers: up to MAX_PROCS of them, sorted by nothing in particular. */
+/* A usage file: who published it (namespace inode, pid there), what, when; its host pid. */
+struct published {
+    unsigned long long ino;
+    long nspid;
+    unsigned long long used;
+    double mtime;
+    long host;
+};
+
+/* "<nsino>.<nspid>" -> 1 and the two numbers; anything else (a .tmp, a stray file) -> 0. */
+static int parse_name(const char *name, unsigned long long *ino, long *nspid) {
+    char *end;
+    if (name[0] < '0' || name[0] > '9') return 0;
+    *ino = strtoull(name, &end, 10);
+    if (*end != '.' || end[1] < '0' || end[1] > '9') return 0;
+    *nspid = strtol(end + 1, &end, 10);
+    return *end == 0 && *ino > 0 && *nspid > 0;
+}
+
+/* The inode of /proc/<pid>/ns/pid (its PID namespace), or 0 when it cannot be read. */
+static unsigned long long ns_inode(long pid) {
+    char path[64];
+    struct stat st;
+    snprintf(path, sizeof path, "/proc/%ld/ns/pid", pid);
+    return stat(path, &st) == 0 ? (unsigned long long)st.st_ino : 0;
+}
+
+/* /proc/<pid>/status "NSpid:": its first (this /proc's) and last (its own namespace's)
+ * pids; 0 when it cannot be read (gone). */
+static int nspids(long pid, long *first, long *last) {
+    char path[64], line[512];
+    snprintf(path, sizeof path, "/proc/%ld/status", pid);
+    FILE *f = fopen(path, "r");
+    if (!f) return 0;
+    int found = 0;
+    while (!found && fgets(line, sizeof line, f)) {
+        if (strncmp(line, "NSpid:", 6) != 0) continue;
+        for (char *p = line + 6, *end;; p = end) {
+            long v = strtol(p, &end, 10);
+            if (end == p) break;
+            if (!found) *first = v;
+            *last = v;
+            found = 1;
+        }
+    }
+    fclose(f);
+    return found;
+}
+
+/* Whether host process `pid` is the publisher (inode, nspid) of `e`. */
+static int is_publisher(long pid, const struct published *e) {
+    long first, last;
+    return ns_inode(pid) == e->ino && nspids(pid, &first, &last) && last == e->nspid;
+}
+
+/* Seconds since the epoch at which host process `pid` started; < 0 when unknown. */
+static double start_time(long pid) {
+    static double boot = -1;
+    char path[64], buf[1024];
+    if (boot < 0) {
+        FILE *f = fopen("/proc/stat", "r");
+        if (!f) return -1;
+        unsigned long long btime;
+        while (fgets(buf, sizeof buf, f))
+            if (sscanf(buf, "btime %llu", &btime) == 1) boot = (double)btime;
+        fclose(f);
+        if (boot < 0) return -1;
+    }
+    snprintf(path, sizeof path, "/proc/%ld/stat", pid);
+    FILE *f = fopen(path, "r");
+    if (!f) return -1;
+    size_t n = fread(buf, 1, sizeof buf - 1, f);
+    fclose(f);
+    buf[n] = 0;
+    char *p = strrchr(buf, ')');
+    /* After "pid (comm)": state (field 3) ... starttime (field 22, clock ticks since boot). */
+    unsigned long long ticks;
+    if (!p || sscanf(p + 1, " %*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %*u %*u"
+                            " %*d %*d %*d %*d %*d %*d %llu", &ticks) != 1)
+        return -1;
+    return boot + (double)ticks / (double)sysconf(_SC_CLK_TCK);
+}
+
+/* Resolve every entry's host pid (0: nobody alive is its publisher): the fast path, then
+ * one scan of /proc for the rest. */
+static void resolve(struct published *e, int n) {
+    int unresolved = 0;
+    for (int i = 0; i < n; i++) {
+        e[i].host = is_publisher(e[i].nspid, &e[i]) ? e[i].nspid : 0;
+        if (!e[i].host) unresolved++;
+    }
+    if (!unresolved) return;
+    DIR *d = opendir("/proc");
+    if (!d) return;
+    struct dirent *de;
+    while (unresolved && (de = readdir(d))) {
+        char *end;
+        long pid = strtol(de->d_name, &end, 10);
+        if (*end || pid <= 0) continue;
+        unsigned long long ino = ns_inode(pid);
+        if (!ino) continue;
+        long first = 0, last = 0;
+        int have = 0;
+        for (int i = 0; i < n; i++) {
+            if (e[i].host || e[i].ino != ino) continue;
+            if (!have && !(have = nspids(pid, &first, &last))) break;
+            if (last == e[i].nspid) { e[i].host = first; unresolved--; }
+        }
+    }
+    closedir(d);
+}
+
+/* The live publishers: up to MAX_PROCS of them, under their host pids, in no particular
+ * order. */
 static int read_procs(struct proc *out) {
     const char *dir = getenv("LEAKBISECT_FAKE_NVML_DIR");
     if (!dir) dir = FAKE_USAGE_DIR;
     if (!dir[0]) return 0;
     DIR *d = opendir(dir);
     if (!d) return 0;
+    struct published e[MAX_PROCS];
     int n = 0;
-    struct dirent *e;
-    while ((e = readdir(d)) && n < MAX_PROCS) {
-        char *end;
-        long pid = strtol(e->d_name, &end, 10);
-        if (*end || pid <= 0) continue;
-        if (kill((pid_t)pid, 0) != 0 && errno != EPERM) continue;
+    struct dirent *de;
+    while ((de = readdir(d)) && n < MAX_PROCS) {
+        if (!parse_name(de->d_name, &e[n].ino, &e[n].nspid)) continue;
         char path[4352];
-        snprintf(path, sizeof path, "%s/%s", dir, e->d_name);
+        snprintf(path, sizeof path, "%s/%s", dir, de->d_name);
         FILE *f = fopen(path, "r");
         if (!f) continue;
-        unsigned long long used;
-        int ok = fscanf(f, "%llu", &used) == 1;
+        struct stat st;
+        int ok = fstat(fileno(f), &st) == 0 && fscanf(f, "%llu", &e[n].used) == 1;
         fclose(f);
-        if (ok) { out[n].pid = (unsigned int)pid; out[n].used = used; n++; }
+        if (!ok) continue;
+        e[n].mtime = (double)st.st_mtim.tv_sec + (double)st.st_mtim.tv_nsec / 1e9;
+        n++;
     }
     closedir(d);
-    return n;
+    resolve(e, n);
+    int listed = 0;
+    for (int i = 0; i < n; i++) {
+        long pid = e[i].host;
+        if (pid <= 0) continue; /* gone */
+        if (kill((pid_t)pid, 0) != 0 && errno != EPERM) continue;
+        double started = start_time(pid);
+        if (started >= 0 && e[i].mtime + 1.0 < started) continue; /* an earlier process's */
+        out[listed].pid = (unsigned int)pid;
+        out[listed].used = e[i].used;
+        listed++;
+    }
+    return listed;
 }
 
 static int unknown_memory(void) {

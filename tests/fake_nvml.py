@@ -22,10 +22,15 @@ Every call is appended to ``calls`` so tests can see which variant was used.
 
 Published mode (`FakeNvml.published`): device 0 stands for the FAKE CUDA driver
 (tests/fake_cuda.c), which writes each process's "device" usage to
-``<usage_dir>/<pid>``. Its compute-process list is then read from that directory
-at every query (live pids only: a file older than its process's start, left by
-a dead process whose pid was reused, is ignored) and its used memory is their sum,
-so `GpuProbe` sees the per-process memory of a trial's pids as on a real GPU.
+``<usage_dir>/<nsino>.<nspid>``: the inode of the process's PID namespace and its
+pid there (a trial's script is pid 2 of a namespace of its own: runners/shim.py).
+Its compute-process list is then read from that directory at every query and its
+used memory is their sum. Like a real driver, which reports host pids whatever
+namespace a process is in, each file is listed under the publisher's pid in this
+process's /proc (`host_pid`); files nobody alive resolves to, and files older than
+their process's start (left by a dead process whose namespace inode and pid were
+reused), are ignored. So `GpuProbe` sees the per-process memory of a trial's host
+pids as on a real GPU.
 """
 
 from __future__ import annotations
@@ -84,13 +89,68 @@ class FakeDevice:
         return self.used + sum(p.usedGpuMemory or 0 for p in read_published(self.published_dir))
 
 
+def parse_usage_name(name: str) -> tuple[int, int] | None:
+    """``"<nsino>.<nspid>"`` (a FAKE CUDA usage file's name) -> (nsino, nspid); else None."""
+    ino, dot, pid = name.partition(".")
+    if not (dot and ino.isdigit() and pid.isdigit() and int(ino) > 0 and int(pid) > 0):
+        return None
+    return int(ino), int(pid)
+
+
+def _ns_inode(pid: int | str) -> int | None:
+    try:
+        return os.stat(f"/proc/{pid}/ns/pid").st_ino
+    except OSError:
+        return None
+
+
+def _nspid(pid: int | str) -> list[int]:
+    """The ``NSpid:`` fields of /proc/PID/status: this /proc's pid first, the process's
+    own namespace's last; [] when it is gone."""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith("NSpid:"):
+                    return [int(x) for x in line.split()[1:]]
+    except (OSError, ValueError):
+        pass
+    return []
+
+
+def host_pid(ns_inode: int, ns_pid: int) -> int | None:
+    """The pid in this process's /proc of process `ns_pid` of the PID namespace whose
+    inode is `ns_inode`, as a real driver reports it; None when no such process lives.
+
+    Fast path: /proc/<ns_pid> is that process (no namespace). Else a scan of /proc for a
+    process of that namespace whose NSpid ends with `ns_pid`: its first NSpid field.
+    """
+    if _ns_inode(ns_pid) == ns_inode and _nspid(ns_pid)[-1:] == [ns_pid]:
+        return ns_pid
+    for name in os.listdir("/proc"):
+        if name.isdigit() and _ns_inode(name) == ns_inode:
+            fields = _nspid(name)
+            if fields[-1:] == [ns_pid]:
+                return fields[0]
+    return None
+
+
 def read_published(usage_dir: Path) -> list[FakeProcess]:
-    """The live processes that published FAKE CUDA usage in ``usage_dir``."""
+    """The live processes that published FAKE CUDA usage in ``usage_dir``, under their
+    pids in this process's /proc."""
     out = []
     for entry in os.scandir(usage_dir):
-        if not entry.name.isdigit():
+        identity = parse_usage_name(entry.name)
+        if identity is None:
+            continue  # a write in progress (.<nsino>.<nspid>.tmp), a stray file
+        pid = host_pid(*identity)
+        if pid is None:
+            continue  # gone
+        try:
+            os.kill(pid, 0)
+        except PermissionError:
+            pass  # alive, another user's
+        except OSError:
             continue
-        pid = int(entry.name)
         try:
             started = psutil.Process(pid).create_time()
             stat = entry.stat()
@@ -98,7 +158,7 @@ def read_published(usage_dir: Path) -> list[FakeProcess]:
         except (psutil.Error, OSError, ValueError):
             continue  # gone, or written by nobody alive
         if stat.st_mtime + 1.0 < started:
-            continue  # left by a dead process whose pid was reused
+            continue  # left by a dead process whose namespace inode and pid were reused
         out.append(FakeProcess(pid, used))
     return sorted(out, key=lambda p: p.pid)
 

@@ -49,10 +49,10 @@ def test_device_leak_prints_a_marker_per_step_and_cleans_up(fake: FakeCuda) -> N
     assert lines[0] == "device 0: FAKE CUDA device, 4096 MiB; variants: device-leak"
     assert lines[1:] == [MARKER] * 12
     # cuCtxDestroy_v2 withdrew the published usage; a crashed run leaves it behind.
-    assert not (fake.usage_dir / str(proc.args)).exists()
+    assert not fake.usage_file(proc.args).exists()
     crashed = repro(fake, LEAKBISECT_GPU_VARIANT="oom")
     assert crashed.returncode == 1
-    assert (fake.usage_dir / str(crashed.args)).read_text() == f"{4096 * 2**20}\n"
+    assert fake.usage_file(crashed.args).read_text() == f"{4096 * 2**20}\n"
 
 
 def test_two_variants_run_together(fake: FakeCuda) -> None:

@@ -13,7 +13,13 @@ from pathlib import Path
 import pytest
 
 from runners.nvml import GpuProbe
-from tests.fake_cuda import build_fake_libnvml, load_fake_libnvml
+from tests.fake_cuda import (
+    build_fake_libnvml,
+    can_unshare_pid,
+    load_fake_libnvml,
+    published_from_a_pid_namespace,
+    usage_name,
+)
 
 MiB = 2**20
 
@@ -22,9 +28,9 @@ MiB = 2**20
 def usage(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A published usage directory: this test process 300 MiB, its parent 100 MiB."""
     d = tmp_path_factory.mktemp("nvml-usage")
-    (d / str(os.getpid())).write_text(f"{300 * MiB}\n")
-    (d / str(os.getppid())).write_text(f"{100 * MiB}\n")
-    (d / "2147483646").write_text(f"{999 * MiB}\n")  # a pid nobody has: not listed
+    (d / usage_name(os.getpid())).write_text(f"{300 * MiB}\n")
+    (d / usage_name(os.getppid())).write_text(f"{100 * MiB}\n")
+    (d / usage_name(2147483646)).write_text(f"{999 * MiB}\n")  # a pid nobody has: not listed
     return d
 
 
@@ -94,6 +100,29 @@ def test_not_available_is_unknown_not_zero(
             assert held.sample({os.getpid()}) == (400 * MiB, "device")
         finally:
             held.close()
+
+
+@pytest.mark.skipif(not can_unshare_pid(), reason="needs root and unshare(1)")
+def test_processes_of_a_pid_namespace_are_listed_under_their_host_pids(
+    tmp_path: Path,
+) -> None:
+    """As a real driver does: pid 1 and pid 2 of a trial's namespace are not the host's 1
+    and 2 (init and kthreadd here), and a namespace that ended lists nothing."""
+    library = build_fake_libnvml(tmp_path / "lib", tmp_path)
+    with load_fake_libnvml(library) as pynvml:
+        probe = GpuProbe.open(pynvml)
+        assert probe is not None
+        try:
+            with published_from_a_pid_namespace(tmp_path, (30, 70)) as host:
+                assert 1 not in host and 2 not in host
+                assert probe.listed_pids() == set(host)
+                for pid, mib in host.items():
+                    assert probe.sample({pid}) == (mib * MiB, "process")
+                assert probe.sample({1, 2}) == (None, "unavailable")
+            assert len(list(tmp_path.glob("*.[12]"))) == 2  # left behind by the dead
+            assert probe.listed_pids() == set()
+        finally:
+            probe.close()
 
 
 def test_describe_through_pynvml(libs: dict[str, Path]) -> None:

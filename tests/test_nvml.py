@@ -3,6 +3,7 @@
 import pytest
 
 from runners.nvml import GpuProbe, open_probe
+from tests.fake_cuda import can_unshare_pid, published_from_a_pid_namespace, usage_name
 from tests.fake_nvml import FakeDevice, FakeNvml, FakeProcess
 
 GiB = 2**30
@@ -200,14 +201,14 @@ def test_published_mode_reads_live_pids_only(tmp_path):
     import sys
     import time
 
-    (tmp_path / str(os.getpid())).write_text(f"{300 * MiB}\n")
+    (tmp_path / usage_name(os.getpid())).write_text(f"{300 * MiB}\n")
     gone = subprocess.Popen([sys.executable, "-c", "pass"])
     gone.wait()
-    (tmp_path / str(gone.pid)).write_text(f"{7 * MiB}\n")  # a process that exited
-    (tmp_path / str(os.getppid())).write_text(f"{5 * MiB}\n")
+    (tmp_path / usage_name(gone.pid)).write_text(f"{7 * MiB}\n")  # a process that exited
+    (tmp_path / usage_name(os.getppid())).write_text(f"{5 * MiB}\n")
     old = time.time() - 10 * 365 * 86400  # older than the parent: left by an earlier pid
-    os.utime(tmp_path / str(os.getppid()), (old, old))
-    (tmp_path / ".123.tmp").write_text("1\n")  # a write in progress
+    os.utime(tmp_path / usage_name(os.getppid()), (old, old))
+    (tmp_path / f".{usage_name(123)}.tmp").write_text("1\n")  # a write in progress
     fake = FakeNvml.published(tmp_path, total=4 * GiB)
     probe = GpuProbe.open(fake)
     assert probe.listed_pids() == {os.getpid()}
@@ -215,6 +216,23 @@ def test_published_mode_reads_live_pids_only(tmp_path):
     assert fake.nvmlDeviceGetMemoryInfo(0).used == 300 * MiB
     unknown = GpuProbe.open(FakeNvml.published(tmp_path, total=4 * GiB, unknown=True))
     assert unknown.sample({os.getpid()}) == (None, "unavailable")
+
+
+@pytest.mark.skipif(not can_unshare_pid(), reason="needs root and unshare(1)")
+def test_published_mode_lists_a_pid_namespace_under_host_pids(tmp_path):
+    """As a real driver does: pid 1 and pid 2 of a trial's namespace are not the host's 1
+    and 2 (init and kthreadd here), and a namespace that ended lists nothing."""
+    fake = FakeNvml.published(tmp_path, total=4 * GiB)
+    probe = GpuProbe.open(fake)
+    with published_from_a_pid_namespace(tmp_path, (30, 70)) as host:
+        assert 1 not in host and 2 not in host
+        assert probe.listed_pids() == set(host)
+        for pid, mib in host.items():
+            assert probe.sample({pid}) == (mib * MiB, "process")
+        assert probe.sample({1, 2}) == (None, "unavailable")
+        assert fake.nvmlDeviceGetMemoryInfo(0).used == 100 * MiB
+    assert len(list(tmp_path.glob("*.[12]"))) == 2  # left behind by the dead
+    assert probe.listed_pids() == set()
 
 
 # open_probe: how a runner decides that its GPUs are held by its trials alone.
