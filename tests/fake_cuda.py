@@ -89,9 +89,11 @@ def build_fake_cuda(
     dest.mkdir(parents=True, exist_ok=True)
     usage = Path(usage_dir) if usage_dir is not None else dest / "usage"
     usage.mkdir(parents=True, exist_ok=True)
-    # Sticky and world-writable like /tmp: a trial runs as the sandbox's trial uid when the
-    # runner is root, and the FAKE driver publishes its usage file from inside the trial.
-    usage.chmod(0o1777)
+    # World-writable: a trial runs as a trial uid of its own when the runner is root, and
+    # the FAKE driver publishes its usage file from inside the trial. Not sticky: every
+    # trial is pid 2 of a PID namespace whose inode the kernel reuses, so a later trial
+    # (another slot user) must be able to replace the file a killed one left at its name.
+    usage.chmod(0o777)
     library = dest / "libfakecuda.so"
     _compile(
         SOURCE, library, f'-DFAKE_USAGE_DIR="{usage}"', f"-DFAKE_TOTAL_MIB={int(total_mib)}",
