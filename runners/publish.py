@@ -58,7 +58,7 @@ from pathlib import Path
 
 from runners import safefs
 from runners.errors import Unavailable
-from runners.users import Identity, blocked_by
+from runners.users import Identity, require_reachable
 
 try:  # POSIX
     import fcntl
@@ -68,6 +68,7 @@ except ImportError:  # pragma: no cover
 STAGING = ".staging"
 LOCKS = ".locks"
 LOCAL_OWNER = "local"
+UNREACHABLE_FIX = "choose a directory every user can reach (BISECT_CACHE_DIR, UV_CACHE_DIR)"
 # A record is a few KiB per hundred packages; anything bigger was not written by us.
 MAX_RECORD_BYTES = 16 * 1024 * 1024
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
@@ -107,16 +108,8 @@ def runner_dir(path: Path, readers: list[Identity], what: str, legacy: Identity 
             path.mkdir(mode=mode)
     if is_root():
         _own(path, legacy, what, mode)
-    reason = blocked_by(path, None, "rwx") if not is_root() else None
-    if reason is not None:
-        raise Unavailable(f"{what} {path} is not usable: {reason}; choose a directory you own")
     for reader in readers:
-        reason = blocked_by(path, reader, "x")
-        if reason is not None:
-            raise Unavailable(
-                f"{what} {path} is not usable by {reader}: {reason}; choose a directory "
-                "every user can reach (BISECT_CACHE_DIR, UV_CACHE_DIR)"
-            )
+        require_reachable(path, reader, "x", what, UNREACHABLE_FIX)
     return path
 
 
@@ -378,12 +371,3 @@ def read_record(directory: Path, name: str) -> bytes | None:
             return safefs.read_file(fd, name, MAX_RECORD_BYTES, uid=os.geteuid())
     except OSError:  # missing, a link, not a regular file, too large (safefs.UnsafePath)
         return None
-
-
-def owned_by_runner(path: Path) -> bool:
-    """Whether `path` is a directory (not a link) of the runner's no other user can write."""
-    try:
-        st = os.lstat(path)
-    except OSError:
-        return False
-    return stat.S_ISDIR(st.st_mode) and st.st_uid == os.geteuid() and not st.st_mode & 0o022

@@ -11,10 +11,8 @@ runner is root; the tests that need that skip, with the reason, when it is not.
 import contextlib
 import io
 import os
-import stat
 import tarfile
 import tempfile
-import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -25,36 +23,12 @@ from runners import safefs, sandbox, tracing, trial
 from runners.docker import _profile
 from runners.users import lease_trial_user
 from runners.wire import EnvSpec, TrialSpec
+from tests.planted import fingerprint, finishes
 
 ROOT = os.geteuid() == 0
 needs_root = pytest.mark.skipif(not ROOT, reason="the attacker is the trial user: needs root")
 PROFILE = tracing.PROFILE_NAME
 SECRET = b'{"secret": "root only"}'
-
-
-def fingerprint(path: Path) -> tuple[bytes | None, int, int, int]:
-    st = path.lstat()
-    data = path.read_bytes() if stat.S_ISREG(st.st_mode) else None
-    return data, st.st_uid, st.st_gid, stat.S_IMODE(st.st_mode)
-
-
-def finishes(call: Callable[[], Any], timeout: float = 60) -> Any:
-    """`call` in a thread; fails if it has not returned within `timeout` (it blocked)."""
-    out: dict[str, Any] = {}
-
-    def run() -> None:
-        try:
-            out["value"] = call()
-        except BaseException as exc:  # noqa: BLE001 - handed back to the test
-            out["error"] = exc
-
-    t = threading.Thread(target=run, daemon=True)
-    t.start()
-    t.join(timeout=timeout)
-    assert not t.is_alive(), "the call blocked"
-    if "error" in out:
-        raise out["error"]
-    return out["value"]
 
 
 def as_user(uid: int, gid: int, action: Callable[[], None]) -> None:

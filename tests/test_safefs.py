@@ -7,14 +7,14 @@ with a timeout, and the test asserts that the thread finished (not how fast).
 
 import os
 import stat
-import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from runners import safefs
+from tests.planted import fingerprint, finishes
 
 CAP = 64
 
@@ -39,30 +39,6 @@ def box(tmp_path: Path) -> Iterator[tuple[Path, int]]:
         yield path, fd
     finally:
         os.close(fd)
-
-
-def fingerprint(path: Path) -> tuple[bytes, int, int, int]:
-    st = path.stat()
-    return path.read_bytes(), st.st_uid, st.st_gid, stat.S_IMODE(st.st_mode)
-
-
-def finishes(call: Callable[[], Any]) -> Any:
-    """`call` in a thread; fails if it has not returned within 30 s (a FIFO blocked it)."""
-    out: dict[str, Any] = {}
-
-    def run() -> None:
-        try:
-            out["value"] = call()
-        except BaseException as exc:  # noqa: BLE001 - handed back to the test
-            out["error"] = exc
-
-    t = threading.Thread(target=run, daemon=True)
-    t.start()
-    t.join(timeout=30)
-    assert not t.is_alive(), "the call blocked"
-    if "error" in out:
-        raise out["error"]
-    return out["value"]
 
 
 def test_open_dir_refuses_a_link_and_a_file(box: tuple[Path, int], outside: Path) -> None:
