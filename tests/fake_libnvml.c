@@ -32,6 +32,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 #ifndef FAKE_USAGE_DIR
@@ -60,6 +61,7 @@ enum {
 
 #define MIB (1024ULL * 1024ULL)
 #define MAX_PROCS 256
+#define STALE_SLACK_S 0.05 /* two clock ticks and the uptime's rounding */
 #define NOT_AVAILABLE (~0ULL)
 
 static int initialized;
@@ -122,18 +124,23 @@ static int is_publisher(long pid, const struct published *e) {
     return ns_inode(pid) == e->ino && nspids(pid, &first, &last) && last == e->nspid;
 }
 
-/* Seconds since the epoch at which host process `pid` started; < 0 when unknown. */
+/* Seconds since the epoch at which host process `pid` started, to a clock tick (10 ms);
+ * < 0 when unknown. The boot time is now less /proc/uptime, not /proc/stat's whole-second
+ * btime: a usage file a dead trial wrote a few hundred milliseconds before the next trial
+ * (same namespace inode, same pid 2) started must still read as older than it. */
 static double start_time(long pid) {
     static double boot = -1;
     char path[64], buf[1024];
     if (boot < 0) {
-        FILE *f = fopen("/proc/stat", "r");
+        FILE *f = fopen("/proc/uptime", "r");
         if (!f) return -1;
-        unsigned long long btime;
-        while (fgets(buf, sizeof buf, f))
-            if (sscanf(buf, "btime %llu", &btime) == 1) boot = (double)btime;
+        double up;
+        int ok = fscanf(f, "%lf", &up) == 1;
         fclose(f);
-        if (boot < 0) return -1;
+        if (!ok) return -1;
+        struct timespec now;
+        clock_gettime(CLOCK_REALTIME, &now);
+        boot = (double)now.tv_sec + (double)now.tv_nsec / 1e9 - up;
     }
     snprintf(path, sizeof path, "/proc/%ld/stat", pid);
     FILE *f = fopen(path, "r");
@@ -211,7 +218,7 @@ static int read_procs(struct proc *out) {
         if (pid <= 0) continue; /* gone */
         if (kill((pid_t)pid, 0) != 0 && errno != EPERM) continue;
         double started = start_time(pid);
-        if (started >= 0 && e[i].mtime + 1.0 < started) continue; /* an earlier process's */
+        if (started >= 0 && e[i].mtime + STALE_SLACK_S < started) continue; /* an earlier process's */
         out[listed].pid = (unsigned int)pid;
         out[listed].used = e[i].used;
         listed++;

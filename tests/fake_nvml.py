@@ -36,11 +36,10 @@ pids as on a real GPU.
 from __future__ import annotations
 
 import os
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import SimpleNamespace
-
-import psutil
 
 
 class FakeNVMLError(Exception):
@@ -117,6 +116,22 @@ def _nspid(pid: int | str) -> list[int]:
     return []
 
 
+STALE_SLACK_S = 0.05  # two clock ticks and the uptime's rounding
+
+
+def start_time(pid: int) -> float:
+    """When host process `pid` started, in seconds since the epoch, to a clock tick: boot
+    time as now less /proc/uptime (psutil's create_time uses /proc/stat's whole-second
+    btime, and a usage file a dead trial wrote a few hundred milliseconds before the next
+    trial with the same namespace inode and pid 2 started must still read as older)."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    with open("/proc/uptime") as f:
+        uptime = float(f.read().split()[0])
+    boot = time.time() - uptime
+    return boot + int(fields[19]) / os.sysconf("SC_CLK_TCK")  # field 22: starttime
+
+
 def host_pid(ns_inode: int, ns_pid: int) -> int | None:
     """The pid in this process's /proc of process `ns_pid` of the PID namespace whose
     inode is `ns_inode`, as a real driver reports it; None when no such process lives.
@@ -152,12 +167,12 @@ def read_published(usage_dir: Path) -> list[FakeProcess]:
         except OSError:
             continue
         try:
-            started = psutil.Process(pid).create_time()
+            started = start_time(pid)
             stat = entry.stat()
             used = int(Path(entry.path).read_text())
-        except (psutil.Error, OSError, ValueError):
+        except (OSError, ValueError):
             continue  # gone, or written by nobody alive
-        if stat.st_mtime + 1.0 < started:
+        if stat.st_mtime + STALE_SLACK_S < started:
             continue  # left by a dead process whose namespace inode and pid were reused
         out.append(FakeProcess(pid, used))
     return sorted(out, key=lambda p: p.pid)
