@@ -65,8 +65,8 @@ from sqlalchemy import create_engine, func, insert, text  # noqa: E402
 from sqlmodel import Session, col, select  # noqa: E402
 
 from bench.common import machine, reachable_tmpdir  # noqa: E402
+from contract.wire import API_PREFIX, EnvResult, Sample, TrialReport  # noqa: E402
 from runners.client import ApiClient, ApiError, ApiUnreachable  # noqa: E402
-from runners.wire import API_PREFIX, EnvResult, Sample, TrialReport  # noqa: E402
 from service import queue  # noqa: E402
 from service.db import upgrade  # noqa: E402
 from service.models import (  # noqa: E402

@@ -4,7 +4,7 @@ Synthetic ranges of n releases, every one testable, index 0 good and the first b
 seeded random position in 1..n-1. Every evaluation is one trial of a fixed duration D;
 evaluations started together finish together, so wall time = rounds x D. Searches:
 
-- ours: `service.planner.plan` with 1, 2 and 4 slots, as the local loop and the service
+- ours: `engine.planner.plan` with 1, 2 and 4 slots, as the local loop and the service
   drive it (bounds checked first, k-section, the boundary pair re-run once to confirm,
   then one witness run above the first bad release when one there is untested: every
   figure includes it); also with 1 slot and `confirm=False`, to show what confirmation
@@ -32,8 +32,8 @@ import statistics
 from typing import Any
 
 from bench.common import Config, table
-from service.planner import Outcome, ReleaseState, plan
-from service.verdicts import Verdict
+from engine.planner import Outcome, ReleaseState, plan
+from engine.verdicts import Verdict
 
 SIZES = (8, 32, 128)
 TRIAL_S = 120.0  # one evaluation: a 2-minute repro run

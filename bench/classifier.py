@@ -1,8 +1,8 @@
 """1. Classifier accuracy on seeded synthetic traces with a known ground truth.
 
-Every trace of `service.synthetic` is judged by four rules:
+Every trace of `engine.synthetic` is judged by four rules:
 
-- ours: `service.analysis.classify_series` with default `ClassifierSettings`
+- ours: `engine.analysis.classify_series` with default `ClassifierSettings`
   (LEAK is a leak; CLEAN and PLATEAU are "not leak"; INCONCLUSIVE is inconclusive);
 - "last - first > T" and "peak - first > T", the checks people do by hand;
 - an OLS slope test: `scipy.stats.linregress` p < 0.05 with a positive slope.
@@ -13,13 +13,13 @@ import ramp does not count against them) and T is our own threshold,
 max(min_growth_mib, min_growth_fraction x the first judged sample). They can only say
 leak or not; they never say "inconclusive".
 
-Pooled runs (`service.pooled.classify_runs`): each cell of the pooled table judges a
+Pooled runs (`engine.pooled.classify_runs`): each cell of the pooled table judges a
 candidate from n = 1, 2 or 3 runs with different seeds, by the vote of the runs' own
 verdicts (`aggregate`, what the service did before pooling) and pooled, under conditions
 where one run is often not enough: 40-step runs under 10 MiB of noise, 1-minute runs
 under 8 MiB, and the slow leak at 15 minutes under 8 MiB.
 
-The realistic corpus (`service.synthetic.CORPUS`: a heavy import ramp under every shape,
+The realistic corpus (`engine.synthetic.CORPUS`: a heavy import ramp under every shape,
 the bounded shapes of real ML packages and leaks behind the import) is judged by ours in
 both forms, without markers and with them, at its run lengths.
 
@@ -40,9 +40,9 @@ import numpy as np
 from scipy.stats import linregress
 
 from bench.common import MIB, Config, pct, table
-from service.analysis import ClassifierSettings, aggregate, classify_run, classify_series
-from service.pooled import PooledRun, classify_runs
-from service.synthetic import (
+from engine.analysis import ClassifierSettings, aggregate, classify_run, classify_series
+from engine.pooled import PooledRun, classify_runs
+from engine.synthetic import (
     CORPUS,
     CORPUS_TEXT,
     SCENARIOS,
@@ -50,7 +50,7 @@ from service.synthetic import (
     stepped_trace,
     trace,
 )
-from service.verdicts import Verdict
+from engine.verdicts import Verdict
 
 METHODS = ("ours", "last_first", "peak", "ols")
 LABELS = {
@@ -219,7 +219,7 @@ def corpus_table(res: dict[str, Any]) -> dict[str, Any]:
         ["shape", "truth", "no markers: leak / not / inconclusive %", "called leak, 95 % CI",
          "with markers: leak / not / inconclusive %", "called leak, 95 % CI"],
         rows,
-        "Run lengths (service.synthetic CORPUS_SECONDS, CORPUS_STEPS): 5 minutes without "
+        "Run lengths (engine.synthetic CORPUS_SECONDS, CORPUS_STEPS): 5 minutes without "
         "markers, 200 steps of about 1 s with them (the import is the set-up before the first "
         "marker); the slow leak 10 minutes and 300 steps. 'called leak' is the false-leak rate "
         "of a bounded shape and the detection rate of a leak.",
@@ -425,7 +425,7 @@ def run(cfg: Config) -> dict[str, Any]:
             pooled_rows,
             "Each cell: leak / not leak / inconclusive, % of candidates. 'vote of n': the "
             "majority of the runs' own verdicts (inconclusive runs ignored), as before pooling; "
-            "'pooled n': `service.pooled.classify_runs` over the same runs.",
+            "'pooled n': `engine.pooled.classify_runs` over the same runs.",
         )
     )
     pooled_by_label = {cell[0]: pooled[i] for i, cell in enumerate(POOLED_CELLS)}

@@ -14,7 +14,7 @@ Each figure is the median over N runs after one warm-up (p90 in brackets), secon
   image with ``network_mode="none"``: the engine's share of the overhead.
 
 Also the sizes of the base, runner and API images. Needs the engine and the images
-(``dockerfiles/build-base.sh && uv run python -m runners.docker_images``).
+(``dockerfiles/build-base.sh && uv run python -m runners.docker.images``).
 """
 
 from __future__ import annotations
@@ -29,10 +29,10 @@ from pathlib import Path
 from typing import Any
 
 from bench.common import code_revision, machine
-from runners.docker import DockerExecutor
-from runners.docker_images import API_IMAGE, BASE_IMAGE, RUNNER_IMAGE
+from contract.wire import EnvSpec, TrialReport, TrialSpec
+from runners.docker.executor import DockerExecutor
+from runners.docker.images import API_IMAGE, BASE_IMAGE, RUNNER_IMAGE
 from runners.trial import LocalExecutor
-from runners.wire import EnvSpec, TrialReport, TrialSpec
 from service.example.fixture import build_fixture
 from service.example.index import serve_index
 

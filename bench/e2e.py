@@ -362,7 +362,7 @@ def _long_table(long: list[dict[str, Any]]) -> dict[str, Any]:
         [[r["how"], secs(r["duration_s"]), r["exit_code"], r["stopped_early"] or "no"]
          for r in long],  # fmt: skip
         "Without early stopping the run goes to its end and is the horizon; with it, the "
-        "same run under the settings the service then sends (runners/earlystop.py).",
+        "same run under the settings the service then sends (contract/earlystop.py).",
     )
 
 

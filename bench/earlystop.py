@@ -1,8 +1,8 @@
 """7. Early stopping on the realistic corpus; and the 10-minute repro of section 5.
 
-Section `earlystop` (`run`, `notes`): the looks of a live trial (`runners.earlystop.replay`,
+Section `earlystop` (`run`, `notes`): the looks of a live trial (`contract.earlystop.replay`,
 the `EarlyStopper` both watch loops use) replayed over the generated traces of the
-realistic corpus (`service.synthetic.CORPUS`: import ramps, late thread pools, JIT warm-up,
+realistic corpus (`engine.synthetic.CORPUS`: import ramps, late thread pools, JIT warm-up,
 GC, malloc arenas, memory-mapped files, late returns, model loads, and leaks on top of
 import ramps), in both forms: with step markers (the import is the set-up before the first
 marker) and without. Each run's horizon is what the service would send (`horizon_of`): an
@@ -36,10 +36,10 @@ import numpy as np
 
 from bench.classifier import wilson
 from bench.common import Config, table
-from runners.earlystop import MIN_HORIZON_S, EarlyStopper, replay
+from contract.earlystop import MIN_HORIZON_S, EarlyStopper, replay
+from contract.wire import EarlyStop
+from engine import synthetic
 from runners.executor import run_script
-from runners.wire import EarlyStop
-from service import synthetic
 from service.specs import look_every
 
 LONG_S = 600.0
@@ -240,7 +240,7 @@ def _tables(res: dict[str, Any]) -> list[dict[str, Any]]:
         "the set-up before the first one). Pace 2x: the run is slowed twice over (a loaded "
         "machine), the horizon is an idle run's. Interval: Wilson's; exact: the upper end of the "
         "Clopper-Pearson 95 % interval. A run without markers is never looked at for a leak "
-        "(runners/earlystop.py rule 2), so its row measures the memory-cap rule alone.",
+        "(contract/earlystop.py rule 2), so its row measures the memory-cap rule alone.",
     )]  # fmt: skip
     rows = []
     for s in LEAKS:

@@ -31,8 +31,8 @@ from pathlib import Path
 from typing import Any
 
 from bench.common import Config, clean_env, ratio, reachable_tmpdir, secs, stopwatch, table
+from contract.wire import EnvSpec
 from runners.envs import build_env
-from runners.wire import EnvSpec
 from service.example.fixture import build_fixture
 from service.example.index import serve_index
 

@@ -12,7 +12,7 @@ What it does, in order, writing every figure into the report (default docs/gpu-c
    and the mappings that changed, before and after.
 3. Each repro variant once (`service/example/gpu/repro.py`: device-leak, device-plateau,
    pinned-leak, pinned-reuse, oom) under the real executor and sampler
-   (`runners.executor.run_script`) and the classifier (`service.analysis.classify_run`):
+   (`runners.executor.run_script`) and the classifier (`engine.analysis.classify_run`):
    the verdict expected and got, the deciding series, the GPU series' source
    (process/device), floor growths, exit status, wall time.
 4. A whole bisection of the GPU fixture index (`gpuleakfixture` 0.1.0..0.1.7, first bad
@@ -57,14 +57,15 @@ sys.path.insert(0, str(REPO))
 
 from sqlmodel import Session  # noqa: E402
 
+from contract.errors import LeakbisectError  # noqa: E402
+from engine.analysis import RunAnalysis, classify_run  # noqa: E402
+from engine.verdicts import Verdict  # noqa: E402
 from runners.envs import find_python  # noqa: E402
-from runners.errors import LeakbisectError  # noqa: E402
 from runners.executor import run_script  # noqa: E402
 from runners.machine import describe_machine  # noqa: E402
 from runners.nvml import GpuProbe, open_probe  # noqa: E402
 from runners.sampler import Sampler  # noqa: E402
 from runners.trial import LocalExecutor  # noqa: E402
-from service.analysis import RunAnalysis, classify_run  # noqa: E402
 from service.db import get_engine, upgrade  # noqa: E402
 from service.example.gpu.fixture import NAME, GpuFixtureSpec, build_gpu_fixture  # noqa: E402
 from service.example.gpu.repro import STEPS_ENV, VARIANT_ENV  # noqa: E402
@@ -75,7 +76,6 @@ from service.report import build_report  # noqa: E402
 from service.schemas import JobCreate  # noqa: E402
 from service.settings import get_settings  # noqa: E402
 from service.store import candidates_of, trials_of  # noqa: E402
-from service.verdicts import Verdict  # noqa: E402
 
 REPRO = REPO / "service" / "example" / "gpu" / "repro.py"
 DEFAULT_OUT = REPO / "docs" / "gpu-check.md"
@@ -83,7 +83,7 @@ MIB = 1024 * 1024
 RANGE = "0.1.0..0.1.7"
 EXPECTED_BOUNDARY = ("0.1.4", "0.1.5")
 # One runner: both bounds, binary search, the boundary pair again, then the witness above
-# it (service/planner.py rule 5; see the fixture).
+# it (engine/planner.py rule 5; see the fixture).
 EXPECTED_VISITED = ["0.1.0", "0.1.7", "0.1.3", "0.1.5", "0.1.4", "0.1.4", "0.1.5", "0.1.6"]
 NOT_LEAK = (Verdict.CLEAN, Verdict.PLATEAU)
 

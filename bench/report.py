@@ -27,9 +27,9 @@ HEADINGS = {
 }
 INTROS = {
     "classifier": (
-        "Seeded traces from `service.synthetic` (10 Hz, 500 MiB baseline, AR(1) noise of "
+        "Seeded traces from `engine.synthetic` (10 Hz, 500 MiB baseline, AR(1) noise of "
         "3 MiB with a 2 s correlation time, an import ramp at the start), judged by our "
-        "classifier (`service.analysis.classify_series`, default settings) and by the three "
+        "classifier (`engine.analysis.classify_series`, default settings) and by the three "
         "rules people use instead. The alternatives get the same warm-up dropped (the first "
         "20 % of the run) and our own threshold T, so the comparison is about the decision "
         "rule alone. The minimum run length is measured: the leak scenarios are swept over run "
@@ -84,11 +84,11 @@ INTROS = {
     ),
     "earlystop": (
         "Whether ending a run early can turn a clean release into a leak, measured on the "
-        "realistic corpus of `service.synthetic` (`CORPUS`: a heavy import ramp under every "
+        "realistic corpus of `engine.synthetic` (`CORPUS`: a heavy import ramp under every "
         "shape; thread pools, JIT warm-up, GC, malloc arenas, memory-mapped files, an allocator "
         "returning memory late, a model loaded after the first marker; and leaks), with step "
         "markers and without, at the horizon's pace and slowed 2x. Each run is replayed look by "
-        "look through `runners.earlystop.replay`, the `EarlyStopper` the runners use live, under "
+        "look through `contract.earlystop.replay`, the `EarlyStopper` the runners use live, under "
         "the settings the service would send (the horizon of an idle run of the same shape). The "
         "rule's target: at most 0.1 % of bounded runs stopped, shown by the upper end of the "
         "95 % interval."

@@ -31,8 +31,8 @@ import psutil
 
 from bench.classifier import LABELS, METHODS, SETTINGS, judge
 from bench.common import Config, cpu_seconds, secs, table
+from engine.analysis import classify_series
 from runners.sampler import Sampler
-from service.analysis import classify_series
 
 WORKLOAD = """
 import subprocess, sys, time

@@ -4,7 +4,7 @@ and the trials and wall time of each end-to-end test scenario.
     uv run python bench/stages.py [--repeats 3] [--scenarios all|none|KEY,...] [--no-warm-up]
                                   [--real] [--report docs/bench-stages.md]
 
-1. ddmin (pure, no environments): `service.ddmin.step` driven to its answer with one slot
+1. ddmin (pure, no environments): `engine.ddmin.step` driven to its answer with one slot
    for every single culprit and every interacting pair among n changes (n = 1..16),
    counting the mixes asked, the two ends included, against
    `worst_case_tests(n)` (the bound the README states).
@@ -13,14 +13,14 @@ and the trials and wall time of each end-to-end test scenario.
    sampler as a run trial does, under tracemalloc, and under memray (the trial's helper,
    `runners/tracehelper.py`), all with the same memory cap and no early stopping. Figures
    are the script's wall time as the sampler measured it (`duration_s`), median and range.
-   The "bounded" rows stop where an attribute trial now stops (runners/attribution.py
+   The "bounded" rows stop where an attribute trial now stops (engine/attribution.py
    rules 7 and 8) after a search of `SEARCH_RUNS` untraced runs: `markers_needed` step
    markers, or the budget (twice the untraced run, as that search gives).
    With `--real`, the same for a real C-extension package from PyPI, msgpack, called in
    a tight loop through a co-dependency: `leakycodec` (built here, two releases: 1.0.1
    keeps one object in 50 that msgpack decodes), `CODEC_STEPS` steps, both releases
    traced whole and bounded under each tracer, with the site each names
-   (`runners.attribution.compare`). msgpack and memray come from uv's default index.
+   (`engine.attribution.compare`). msgpack and memray come from uv's default index.
 3. Scenarios: each end-to-end scenario of tests/test_stages_e2e.py and
    tests/test_attribute_e2e.py run as those tests run it (`bisect-cli run`, a fresh home and
    database, the uv cache shared and warmed by one uncounted run of the same scenario),
@@ -47,11 +47,11 @@ from contextlib import nullcontext
 from pathlib import Path
 from typing import Any
 
-from runners import attribution
+from contract.wire import TRACERS, TraceStop
+from engine import attribution
+from engine.ddmin import Change, Need, Outcome, step, worst_case_tests
 from runners.executor import run_script
 from runners.tracing import MEMRAY_REQUIREMENT, helper_args, stop_args
-from runners.wire import TRACERS, TraceStop
-from service.ddmin import Change, Need, Outcome, step, worst_case_tests
 from service.example.fixture import FixtureSpec, build_fixture, pack_wheel
 from service.example.gitrepo import build_repo
 from service.example.index import serve_index

@@ -40,9 +40,9 @@ import time
 from pathlib import Path
 
 from bench.common import code_revision, machine
+from contract.wire import EnvSpec, TrialSpec
 from runners.executor import run_script
 from runners.trial import execute_trial
-from runners.wire import EnvSpec, TrialSpec
 from service.example.fixture import build_fixture
 from service.example.index import serve_index
 

@@ -40,7 +40,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from bench.common import machine  # noqa: E402
-from service.analysis import classify_run  # noqa: E402
+from engine.analysis import classify_run  # noqa: E402
 from service.db import get_engine, upgrade  # noqa: E402
 from service.models import Candidate, Job, MemorySample, Trial, TrialStatus, utcnow  # noqa: E402
 from service.store import next_trial_number  # noqa: E402
@@ -242,7 +242,7 @@ def report(results: dict[str, Any], path: Path, command: str, db: str) -> None:
         f"trial of {LONG:,} samples, on {db}, served by `bisect-cli serve --runners 0`; one "
         "client in a closed loop (httpx, keep-alive). Curves are downsampled on the server to "
         f"at most {MAX_POINTS} points per trial (min and max per time bucket, "
-        "runners/series.py), so the page's cost does not grow with the run's length.",
+        "contract/series.py), so the page's cost does not grow with the run's length.",
         "",
         "| request | n | p50 ms | p95 ms | max ms | bytes |",
         "| --- | ---: | ---: | ---: | ---: | ---: |",

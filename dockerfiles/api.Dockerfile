@@ -32,6 +32,8 @@ RUN set -eu; \
     printf '#!%s/bin/python\nimport sys\nfrom service.cli import main\nsys.exit(main())\n' "$venv" \
         > "$venv/bin/bisect-cli"; \
     chmod 0755 "$venv/bin/bisect-cli"
+COPY contract/ contract/
+COPY engine/ engine/
 COPY runners/ runners/
 COPY service/ service/
 COPY migrations/ migrations/

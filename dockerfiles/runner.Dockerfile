@@ -1,5 +1,5 @@
 # The runner image: Python, uv (the version pinned in uv.lock) and the leakbisect agent.
-# Each trial runs in a container of this image (runners/docker.py); the agent itself can run
+# Each trial runs in a container of this image (runners/docker/executor.py); the agent itself can run
 # in one too (compose.yaml). No tokens are baked in: they come from the environment at run time.
 #
 #   docker build -f dockerfiles/runner.Dockerfile -t leakbisect-runner .
@@ -9,7 +9,7 @@ ARG BASE_IMAGE=python:3.11-slim-bookworm
 FROM ${BASE_IMAGE}
 ARG UV_VERSION=0.13.9
 
-# A proxy's CA bundle, when the build context carries one (runners/docker_images.py adds
+# A proxy's CA bundle, when the build context carries one (runners/docker/images.py adds
 # the file SSL_CERT_FILE names as dockerfiles/ca/ca-bundle.pem); otherwise the base's own.
 COPY dockerfiles/install-uv.py dockerfiles/ca/ /tmp/leakbisect-build/
 RUN set -eu; \
@@ -24,7 +24,7 @@ RUN set -eu; \
 RUN set -eu; command -v git >/dev/null || { apt-get update -q \
     && apt-get install -y -q --no-install-recommends git && rm -rf /var/lib/apt/lists/*; }
 
-# The sandbox users (runners/docker_spec.py: BUILD_UID, TRIAL_UID) and the volume mount
+# The sandbox users (runners/docker/spec.py: BUILD_UID, TRIAL_UID) and the volume mount
 # points, owned by the build user so new named volumes start out writable by it.
 RUN set -eu; \
     groupadd --gid 10001 leakbisect-build; useradd --uid 10001 --gid 10001 --no-create-home --shell /usr/sbin/nologin leakbisect-build; \
@@ -50,6 +50,8 @@ RUN set -eu; \
     printf '#!%s/bin/python\nimport sys\nfrom service.cli import main\nsys.exit(main())\n' "$venv" \
         > "$venv/bin/bisect-cli"; \
     chmod 0755 "$venv/bin/bisect-cli"
+COPY contract/ contract/
+COPY engine/ engine/
 COPY runners/ runners/
 COPY service/ service/
 COPY migrations/ migrations/

@@ -57,12 +57,8 @@ from typing import Any
 
 import psutil
 
-from runners.client import ApiClient, ApiError, ApiUnreachable, StaleLeaseError
-from runners.nvml import GpuProbe
-from runners.spool import Spool, Spooled
-from runners.trial import Executor, Kill
-from runners.uvrun import installed_pythons
-from runners.wire import (
+from contract.executor import Executor, Kill
+from contract.wire import (
     EnvResult,
     Heartbeat,
     Lease,
@@ -72,6 +68,10 @@ from runners.wire import (
     Sample,
     TrialReport,
 )
+from runners.client import ApiClient, ApiError, ApiUnreachable, StaleLeaseError
+from runners.nvml import GpuProbe
+from runners.spool import Spool, Spooled
+from runners.uvrun import installed_pythons
 
 Log = Callable[[str], None]
 

@@ -36,7 +36,7 @@ from typing import Any
 import httpx
 from pydantic import BaseModel
 
-from runners.wire import (
+from contract.wire import (
     API_PREFIX,
     IDEMPOTENCY_HEADER,
     RUNNER_SECRET_HEADER,

@@ -33,7 +33,8 @@ Rules:
   again when already there: listing needs only commits and tags, never file contents.
   git runs there as the build user when the runner is root (a repository and its server
   are untrusted input: not root, and not the trial user), never as the runner.
-- `repo_from_urls` and `source_ref` are pure.
+- Where a repository is and how uv names one commit of it: `contract.sources` (pure, the
+  service uses it too).
 
 - git sees only a clean environment (PATH, a private HOME, locale, the CA bundle and proxy
   settings; never a ``BISECT_*`` variable or a token), no system or global config (no
@@ -41,32 +42,29 @@ Rules:
   `GIT_ALLOW_PROTOCOL`: http(s), git and ssh for a URL, ``file`` only for a local clone
   (a path or a file:// URL, which only `bisect-cli run` takes), never ``ext::``.
 - `list_range` is what a runner's "commits" trial does (runners/trial.py, and
-  runners/docker_entry.py in a build container): the good release's tag commit, then every
+  runners/docker/entry.py in a build container): the good release's tag commit, then every
   commit after it up to the bad release's tag, at most `MAX_COMMITS`.
 
 The API server never runs git: listing clones a repository a job names, which is a
-runner's work, as building and resolving are. `repo_from_urls` and `source_ref` are pure
-and used by the service too.
+runner's work, as building and resolving are.
 """
 
 from __future__ import annotations
 
 import os
-import re
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
-from urllib.parse import unquote, urlsplit, urlunsplit
+from urllib.parse import unquote, urlsplit
 
 from packaging.version import InvalidVersion, Version
 
-from runners import gitcache, gitrun
-from runners.users import Identity, blocked_by, identities
-from runners.wire import (
+from contract.sources import CommitsError, is_url
+from contract.wire import (
     MAX_REPORT_COMMITS,
     CommitInfo,
     CommitRange,
@@ -74,6 +72,8 @@ from runners.wire import (
     TrialReport,
     TrialSpec,
 )
+from runners import gitcache, gitrun
+from runners.users import Identity, blocked_by, identities
 
 GIT_TIMEOUT = 30.0
 CLONE_TIMEOUT = 300.0
@@ -84,17 +84,6 @@ MAX_FETCH_BYTES = 1 << 30  # what one clone or fetch may add to the disk
 # git's INFINITE_DEPTH: the whole history, and a request the dumb HTTP transport refuses.
 INFINITE_DEPTH = "2147483647"
 _DUMB = "dumb http transport does not support shallow capabilities"
-_URL_SCHEMES = ("https://", "http://", "git://", "ssh://", "git+ssh://", "file://")
-# `git@github.com:owner/repo.git`, the scp-like ssh form.
-_SCP_LIKE = re.compile(r"^[\w.-]+@[\w.-]+:(?!//)")
-# PyPI project URL labels that name the source, best first (compared lowercased, without
-# spaces, dashes and underscores, as PyPI itself normalizes labels).
-_SOURCE_KEYS = ("source", "sourcecode", "repository", "code", "homepage")
-_FORGES = ("github.com", "gitlab.com", "codeberg.org", "bitbucket.org")
-
-
-class CommitsError(Exception):
-    """A one-line reason listing commits failed."""
 
 
 @dataclass(frozen=True)
@@ -194,10 +183,6 @@ def _reason(stderr: str, returncode: int) -> str:
             if line.startswith(prefix):
                 return line[len(prefix) :]
     return lines[-1] if lines else f"exit status {returncode}"
-
-
-def is_url(repo: str) -> bool:
-    return repo.startswith(_URL_SCHEMES) or bool(_SCP_LIKE.match(repo))
 
 
 def tag_candidates(package: str, version: str) -> list[str]:
@@ -327,57 +312,6 @@ def _is_repo_root(path: Path) -> bool:
         return _git("rev-parse", "--show-prefix", cwd=path).strip() == ""
     except CommitsError:
         return False
-
-
-def source_ref(repo: str, sha: str) -> str:
-    """The direct reference uv builds one commit from: `git+URL@SHA`."""
-    if repo.startswith("git+"):
-        url = repo[len("git+") :]
-    elif _SCP_LIKE.match(repo):
-        user_host, _, path = repo.partition(":")
-        url = f"ssh://{user_host}/{path}"
-    elif is_url(repo):
-        url = repo
-    else:
-        url = Path(repo).expanduser().resolve().as_uri()
-    return f"git+{url}@{sha}"
-
-
-def repo_from_urls(project_urls: Mapping[str, str]) -> str | None:
-    """The source repository among a release's project URLs, or None.
-
-    Keys are tried best first (Source, Source Code, Repository, Code, Homepage; labels
-    compared case- and punctuation-insensitively); a value counts when it is on a known forge
-    or ends in `.git`. A forge URL is cut to the repository (`/tree/...`, `/blob/...`,
-    `/-/...`, `/src/...` go); nothing is added.
-    """
-    by_key = {re.sub(r"[\s_-]", "", k.lower()): v for k, v in project_urls.items()}
-    for key in _SOURCE_KEYS:
-        url = _repo_url(by_key.get(key, "").strip())
-        if url is not None:
-            return url
-    return None
-
-
-def _repo_url(value: str) -> str | None:
-    parts = urlsplit(value)
-    if parts.scheme not in ("https", "http", "git", "ssh") or not parts.netloc:
-        return None
-    host = parts.netloc.lower().removeprefix("www.")
-    path = parts.path.rstrip("/")
-    if host in _FORGES:
-        segments = [s for s in path.split("/") if s]
-        cut = next(
-            (i for i, s in enumerate(segments) if s in ("-", "tree", "blob", "src", "commit")),
-            len(segments),
-        )
-        segments = segments[:cut] if host == "gitlab.com" else segments[: min(cut, 2)]
-        if len(segments) < 2:
-            return None
-        path = "/" + "/".join(segments)
-    elif not path.endswith(".git"):
-        return None
-    return urlunsplit((parts.scheme, parts.netloc, path, "", ""))
 
 
 MAX_COMMITS = MAX_REPORT_COMMITS

@@ -57,17 +57,20 @@ import subprocess
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 from packaging.requirements import InvalidRequirement, Requirement
 from packaging.utils import canonicalize_name
 
+from contract.envargs import index_args, utc
+from contract.errors import Unavailable
+from contract.paths import uv_cache_dir
+from contract.wire import EnvResult, EnvSpec
 from runners import publish, safefs
-from runners.errors import Unavailable
 from runners.publish import PublishError, create_file, owner_key, replace_file
-from runners.sandbox import give, private_dir, uv_cache_dir
+from runners.sandbox import give, private_dir
 from runners.users import Identities, blocked_by, identities
 from runners.uvrun import (
     ERROR_LINES,
@@ -83,17 +86,13 @@ from runners.uvrun import (
     uv_bin,
     uv_env,
 )
-from runners.wire import EnvResult, EnvSpec
 
 __all__ = [
     "ERROR_LINES",
     "EnvError",
     "build_env",
     "default_cache_dir",
-    "exclude_newer_arg",
     "find_python",
-    "freeze_diff",
-    "index_args",
     "prepare_dirs",
     "resolve_pins",
     "spec_hash",
@@ -143,60 +142,11 @@ def spec_hash(spec: EnvSpec) -> str:
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 
-def freeze_diff(a: list[str], b: list[str]) -> list[tuple[str, str | None, str | None]]:
-    """Packages whose versions differ between two freezes, sorted by name.
-
-    Each row is ``(name, version in a, version in b)``; ``None`` where the
-    package is absent. A direct reference (``name @ url``) counts the URL as
-    its version.
-    """
-    pa, pb = _parse_freeze(a), _parse_freeze(b)
-    rows = []
-    for key in sorted(pa.keys() | pb.keys()):
-        name_a, va = pa.get(key, (None, None))
-        name_b, vb = pb.get(key, (None, None))
-        if va != vb:
-            rows.append((name_a or name_b or key, va, vb))
-    return rows
-
-
-def _parse_freeze(lines: list[str]) -> dict[str, tuple[str, str]]:
-    out: dict[str, tuple[str, str]] = {}
-    for raw in lines:
-        line = raw.split(" #", 1)[0].strip()
-        if not line or line.startswith(("#", "-")):
-            continue
-        if "==" in line:
-            name, _, version = line.partition("==")
-        elif " @ " in line:
-            name, _, version = line.partition(" @ ")
-        else:
-            continue
-        name = name.split("[", 1)[0].strip()
-        out[canonicalize_name(name)] = (name, version.split(";", 1)[0].strip())
-    return out
-
-
-def _utc(when: datetime) -> datetime:
-    """Naive means UTC."""
-    return (when if when.tzinfo is not None else when.replace(tzinfo=UTC)).astimezone(UTC)
-
-
 def _iso(when: datetime) -> str:
-    return _utc(when).isoformat().replace("+00:00", "Z")
+    return utc(when).isoformat().replace("+00:00", "Z")
 
 
-def exclude_newer_arg(when: datetime) -> str:
-    """The ``--exclude-newer`` value that admits everything uploaded at or before `when`.
 
-    uv keeps a file only when its upload time is strictly before the cutoff, in whole
-    milliseconds, so the candidate's own upload time as cutoff would exclude the
-    candidate. `EnvSpec.exclude_newer` means "nothing uploaded *after* this instant",
-    hence the cutoff is `when`'s millisecond plus one.
-    """
-    cutoff = _utc(when).replace(microsecond=_utc(when).microsecond // 1000 * 1000)
-    cutoff += timedelta(milliseconds=1)
-    return cutoff.isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
 def _pinned(text: str) -> tuple[str, str]:
@@ -275,7 +225,7 @@ def _validate(spec: EnvSpec) -> tuple[str, list[str]]:
 
 
 def default_cache_dir() -> Path:
-    """The uv cache the builds share (`runners.sandbox.uv_cache_dir`): ``$UV_CACHE_DIR``
+    """The uv cache the builds share (`contract.paths.uv_cache_dir`): ``$UV_CACHE_DIR``
     when set, else ``<cache home>/uv`` (``$XDG_CACHE_HOME/leakbisect/uv``, for root
     ``/var/cache/leakbisect/uv``, else ``~/.cache/leakbisect/uv``)."""
     return uv_cache_dir()
@@ -288,7 +238,7 @@ def prepare_dirs(root: Path, cache_dir: Path | None = None) -> tuple[Path, Path]
     staging directory and its owner's cache below them (`runners.publish`). One an older
     runner left owned by the build user is taken over (its top only: the environments
     and the cache in it are never reused); one owned by any other user is refused. Also
-    checks that the build user can run uv. Raises `runners.errors.Unavailable` with one
+    checks that the build user can run uv. Raises `contract.errors.Unavailable` with one
     line naming the path that blocks and the fix (a runner calls this at start).
     """
     ids = identities()
@@ -407,22 +357,6 @@ def _trust_clone(spec: EnvSpec, home: Path, ids: Identities) -> None:
     quoted = ['"' + p.replace("\\", "\\\\").replace('"', '\\"') + '"' for p in paths]
     text = "[safe]\n" + "".join(f"\tdirectory = {q}\n" for q in quoted)
     give(home / ".gitconfig", ids.build, 0o644, text)
-
-
-def index_args(spec: EnvSpec) -> list[str]:
-    """uv's index, find-links, pre-release and exclude-newer flags for `spec`."""
-    args: list[str] = []
-    if spec.index_url:
-        args += ["--index-url", spec.index_url]
-    for url in spec.extra_index_urls:
-        args += ["--extra-index-url", url]
-    for link in spec.find_links:
-        args += ["--find-links", link]
-    if spec.pre:
-        args += ["--prerelease", "allow"]
-    if spec.exclude_newer is not None:
-        args += ["--exclude-newer", exclude_newer_arg(spec.exclude_newer)]
-    return args
 
 
 def resolve_pins(
@@ -735,7 +669,7 @@ def build_env(
     """Build (or reuse) the environment for one candidate of `owner`'s.
 
     ``root/<owner key>/<spec hash>``; `cache_dir` is the cache root (each owner's builds
-    use their own cache in it); `owner` is `runners.wire.TrialSpec.owner` (None: a local
+    use their own cache in it); `owner` is `contract.wire.TrialSpec.owner` (None: a local
     run). Every uv command runs as the build user (`runners.uvrun`). Raises `EnvError`
     for a spec that is wrong in itself; returns ``ok=False`` with uv's message when the
     candidate cannot be installed.

@@ -25,9 +25,9 @@ Outcomes:
   script then exits on its own, ``oom_killed`` is True and the script's own
   exit code is kept.)
 * Past ``timeout_s``: the whole tree is SIGKILLed, ``timed_out=True``.
-* Stopped early: with ``early_stop`` the trial's `runners.earlystop.EarlyStopper` looks
+* Stopped early: with ``early_stop`` the trial's `contract.earlystop.EarlyStopper` looks
   every ``look_every_s`` while the script runs, over the samples and the step markers they
-  reach (`runners.earlystop.seen_by_samples`); when it fires the tree is ended as for a
+  reach (`contract.earlystop.seen_by_samples`); when it fires the tree is ended as for a
   timeout and ``stopped_early`` says why (``timed_out`` stays False). ``early_stop`` on the
   `Execution` records its horizon and the leak looks it tested.
 * Isolation: the script runs in namespaces of its own (`runners.shim`: PID, as pid 2
@@ -62,7 +62,8 @@ from typing import IO, Literal
 
 import psutil
 
-from runners.earlystop import EarlyStopper, seen_by_samples
+from contract.earlystop import EarlyStopper, seen_by_samples
+from contract.wire import EarlyStop, EarlyStopRecord, Sample
 from runners.limits import DEFAULT_PIDS_LIMIT, CapMethod, MemoryCap, default_limit_bytes
 from runners.markers import parse_marker
 from runners.nvml import GpuProbe
@@ -70,7 +71,6 @@ from runners.sampler import Sampler
 from runners.sandbox import allowed_env, become_subreaper, scrub
 from runners.supervise import Outcome, Supervised
 from runners.users import Identity, identities, processes
-from runners.wire import EarlyStop, EarlyStopRecord, Sample
 
 LOG_TAIL_BYTES = 4096
 STDERR_TAIL_BYTES = 2048

@@ -70,7 +70,7 @@ from typing import Literal
 
 import psutil
 
-from runners.errors import Unavailable
+from contract.errors import Unavailable
 
 CapMethod = Literal["cgroup-v1", "cgroup-v2", "watchdog"]
 METHODS: tuple[CapMethod, ...] = ("cgroup-v2", "cgroup-v1", "watchdog")

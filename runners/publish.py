@@ -56,8 +56,8 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+from contract.errors import Unavailable
 from runners import safefs
-from runners.errors import Unavailable
 from runners.users import Identity, require_reachable
 
 try:  # POSIX

@@ -43,9 +43,9 @@ from collections.abc import Callable, Iterable
 
 import psutil
 
+from contract.wire import Sample
 from runners.nvml import GpuProbe
 from runners.shim import descendants
-from runners.wire import Sample
 
 log = logging.getLogger(__name__)
 

@@ -29,8 +29,8 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
+from contract.wire import TrialReport
 from runners import safefs
-from runners.wire import TrialReport
 
 # A report is bounded by what the API takes; an entry past this is not one of ours.
 MAX_ENTRY_BYTES = 256 * 1024 * 1024

@@ -4,7 +4,7 @@
 
 Runs in the trial's own interpreter, beside the script, so it imports nothing but the
 standard library (and memray, which the runner added to the trial's environment for the
-"memray" tracer). The profile it writes to OUT (`runners/attribution.py` reads it):
+"memray" tracer). The profile it writes to OUT (`engine/attribution.py` reads it):
 
     {"tracer": ..., "snapshots": [{"t": s, "step": n | null, "marker": i}, ...],
      "stacks": [{"frames": [[file, line, function], ...], "sizes": [bytes, ...]}, ...],
@@ -17,7 +17,7 @@ to site-packages where it lies there (so the same line compares across environme
 ``sizes[i]`` is the stack's live bytes at ``snapshots[i]``; a snapshot's ``marker`` is how
 many step markers the script had printed when it was taken.
 
-Stopping (`Limits`): MARKERS and SECONDS (0: none; `runners/attribution.py`
+Stopping (`Limits`): MARKERS and SECONDS (0: none; `engine/attribution.py`
 `trace_stop` chooses them) end the traced run before the script ends: once the script
 has printed MARKERS step markers (the comparison has what it needs), or SECONDS after
 the helper started (the budget), or on SIGTERM/SIGINT (the runner stopping it). The

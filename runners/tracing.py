@@ -20,8 +20,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from contract.wire import EnvResult, EnvSpec, Tracer, TraceStop, TrialSpec
 from runners import safefs
-from runners.wire import EnvResult, EnvSpec, Tracer, TraceStop, TrialSpec
 
 MEMRAY_REQUIREMENT = "memray"
 HELPER_NAME = ".leakbisect-trace.py"

@@ -1,7 +1,7 @@
 """Run one trial: build the candidate's environment, then the script under the sampler.
 
 `Executor` is the interface every way of running trials implements (the local subprocess
-executor here; the Docker executor in `runners.docker`); the agent and `bisect-cli run`
+executor here; the Docker executor in `runners.docker.executor`); the agent and `bisect-cli run`
 only ever talk to it. ``on_start`` receives a ``kill`` callable as soon as the trial can
 be killed: another thread calls it when the lease is lost or the runner stops. For the
 local executor it is a `runners.executor.TrialKill`, whose ``pgid`` names the trial's
@@ -15,7 +15,7 @@ process group.
   afterwards) holding the script, its ``HOME`` and its ``TMPDIR``, all made while the
   directory is still root's (`runners.sandbox.private_dir`), with the allowlisted
   environment plus the job's own ``variables`` (`runners.sandbox.allowed_env`). The
-  report carries at most `MAX_REPORT_SAMPLES` samples (`runners.series.downsample`: min
+  report carries at most `MAX_REPORT_SAMPLES` samples (`contract.series.downsample`: min
   and max per time bucket) and ``samples_taken`` says how many were taken.
 * ``"attribute"``: as ``"run"``, with the script under the allocation tracer
   `TrialSpec.trace` (`runners.tracing`: memray is added to the environment for it),
@@ -37,35 +37,19 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Protocol
 
+from contract.errors import InvalidInput
+from contract.executor import Kill
+from contract.series import downsample
+from contract.wire import MAX_REPORT_SAMPLES, EnvResult, Sample, TrialReport, TrialSpec
 from runners import commits, tracing
 from runners.envs import EnvError, build_env, prepare_dirs, resolve_pins
-from runners.errors import InvalidInput
 from runners.executor import Execution, run_script
 from runners.nvml import GpuProbe
 from runners.sandbox import allowed_env, private_dir
-from runners.series import downsample
 from runners.users import lease_trial_user
-from runners.wire import MAX_REPORT_SAMPLES, EnvResult, Sample, TrialReport, TrialSpec
 
-Kill = Callable[[], None]
 SUBDIRS = ("home", "tmp")  # the trial's HOME and TMPDIR, in its work dir
-
-
-class Executor(Protocol):
-    """Runs trials. ``name`` is what runners register and reports show ("local", "docker")."""
-
-    name: str
-
-    def run_trial(
-        self,
-        spec: TrialSpec,
-        *,
-        on_sample: Callable[[Sample], None] | None = None,
-        on_start: Callable[[Kill], None] | None = None,
-        log: Callable[[str], None] | None = None,
-    ) -> TrialReport: ...
 
 
 class LocalExecutor:
@@ -73,7 +57,7 @@ class LocalExecutor:
 
     Creating one checks, once, that the trial and build users exist (creating them when
     the runner is root) and can reach `env_root` and `cache_dir`: a runner that could
-    never build an environment fails at start, in one line (`runners.errors.Unavailable`).
+    never build an environment fails at start, in one line (`contract.errors.Unavailable`).
     """
 
     name = "local"

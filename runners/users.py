@@ -48,7 +48,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from runners.errors import Unavailable
+from contract.errors import Unavailable
 
 TRIAL_USER_ENV = "BISECT_TRIAL_USER"
 BUILD_USER_ENV = "BISECT_BUILD_USER"

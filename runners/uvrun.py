@@ -31,7 +31,7 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
-from runners.errors import InvalidInput, Unavailable
+from contract.errors import InvalidInput, Unavailable
 from runners.sandbox import allowed_env, private_dir
 from runners.supervise import run
 from runners.users import Identities, blocked_by, identities

@@ -3,8 +3,8 @@
 `list_releases` asks each index for `{index}/{normalized-name}/`, preferring PEP 691
 JSON and falling back to PEP 503 HTML, and merges what the indexes and the find-links
 locations (local directories or files, or flat HTML pages) hold into `Release` objects
-(`service.releases`). `target_tags` gives the Python version and wheel tags that
-`service.releases.installability` checks a release against.
+(`engine.releases`). `target_tags` gives the Python version and wheel tags that
+`engine.releases.installability` checks a release against.
 
 Errors are `IndexUnavailable`, with a one-line message for the user.
 """
@@ -37,8 +37,8 @@ from packaging.utils import (
 )
 from packaging.version import InvalidVersion, Version
 
-from runners.errors import InvalidInput
-from service.releases import DistFile, Release
+from contract.errors import InvalidInput
+from engine.releases import DistFile, Release
 
 PYPI_SIMPLE = "https://pypi.org/simple"
 JSON_TYPE = "application/vnd.pypi.simple.v1+json"

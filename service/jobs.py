@@ -6,12 +6,13 @@ from typing import Any
 
 from sqlmodel import Session
 
-from runners.errors import InvalidInput
-from service import baseenv, ddmin, pins, releases, stages
+from contract.errors import InvalidInput
+from engine import baseenv, ddmin, releases
+from engine.resolution import pins_as_of
+from service import pins, stages
 from service.index import LOCAL, PYPI_SIMPLE, FetchPolicy, list_releases, target_tags
 from service.models import Candidate, Job, PinState
 from service.options import JobOptions
-from service.resolution import pins_as_of
 from service.schemas import JobCreate
 
 

@@ -13,15 +13,14 @@ from typing import Protocol
 
 from sqlmodel import Session
 
-from runners.limits import default_limit_bytes
-from runners.trial import Executor, Kill
-from runners.wire import Sample, TrialReport, TrialSpec
+from contract.executor import Executor, Kill
+from contract.wire import Sample, TrialReport, TrialSpec
+from engine.verdicts import Verdict
 from service import queue, store
 from service.models import Candidate, Job, JobStatus, Trial, TrialKind
 from service.scheduler import advance, cancel
 from service.specs import trial_spec
 from service.trials import record_report
-from service.verdicts import Verdict
 
 
 class TrialEvents(Protocol):
@@ -60,13 +59,16 @@ def run_job(
     progress: TrialEvents | None = None,
     log: Callable[[str], None] | None = None,
     jobs: int = 1,
+    memory_budget: int | None = None,
 ) -> Job:
     """Run the job to its end, up to `jobs` trials side by side (`bisect-cli run --jobs N`).
 
     The trials run in worker threads, each a capped child process of its own; the database
     is only touched from this thread. With several slots the planner cuts the range into
     that many parts (k-section), and a trial with no memory limit of its own gets the
-    default cap divided among the slots, so that N capped trials together stay under it.
+    default cap (`memory_budget`, the runner's: `runners.limits.default_limit_bytes`, which
+    the caller measures) divided among the slots, so that N capped trials together stay
+    under it.
     """
     progress = progress or Quiet()
     trials = _Running(executor, jobs, log, progress.sample if jobs == 1 else None)
@@ -76,7 +78,7 @@ def run_job(
                 advance(session, job, slots=jobs)
                 if JobStatus(job.status).finished:
                     return job
-                _fill(session, job, trials, progress)
+                _fill(session, job, trials, progress, memory_budget)
                 if not trials.busy():
                     raise RuntimeError(f"job {job.id} is running but has no queued trial")
                 for candidate, trial, report in trials.finished():
@@ -90,7 +92,9 @@ def run_job(
         raise
 
 
-def _fill(session: Session, job: Job, trials: "_Running", progress: TrialEvents) -> None:
+def _fill(
+    session: Session, job: Job, trials: "_Running", progress: TrialEvents, budget: int | None
+) -> None:
     """Lease queued trials to this process while slots are free, and start them."""
     while trials.free() and (trial := queue.claim_local(session, job)) is not None:
         candidate = session.get(Candidate, trial.candidate_id)
@@ -104,13 +108,13 @@ def _fill(session: Session, job: Job, trials: "_Running", progress: TrialEvents)
         else:
             progress.message(f"resolving the pins of {job.package}=={candidate.version}")
         spec = trial_spec(job, candidate, trial, store.trials_of(session, job))
-        trials.start(candidate, trial, _capped(spec, trials.slots))
+        trials.start(candidate, trial, _capped(spec, trials.slots, budget))
 
 
-def _capped(spec: TrialSpec, slots: int) -> TrialSpec:
-    if slots == 1 or spec.memory_limit_bytes is not None:
+def _capped(spec: TrialSpec, slots: int, budget: int | None) -> TrialSpec:
+    if slots == 1 or spec.memory_limit_bytes is not None or budget is None:
         return spec
-    return spec.model_copy(update={"memory_limit_bytes": default_limit_bytes() // slots})
+    return spec.model_copy(update={"memory_limit_bytes": budget // slots})
 
 
 class _Running:

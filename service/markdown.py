@@ -14,7 +14,7 @@ an image or HTML.
 import re
 from typing import Any
 
-from service import findings
+from engine import findings
 from service.report import Evidence, Report, transition_line
 from service.text import printable
 

@@ -35,7 +35,7 @@ class JobStatus(StrEnum):
 
 
 class TrialKind(StrEnum):
-    """What a trial does on its runner (runners/wire.py `TrialKind`)."""
+    """What a trial does on its runner (contract/wire.py `TrialKind`)."""
 
     RUN = "run"  # build the candidate's environment, run the script under the sampler
     RESOLVE = "resolve"  # resolve the pins the other candidates are held at
@@ -81,7 +81,7 @@ class Job(JobOptions, table=True):
     pin_state: str = PinState.NONE
     # What decides the pins (service/pins.py): jobs with the same key can share them.
     pin_key: str | None = Field(default=None, index=True)
-    # The instant the pins are resolved as of (service/resolution.py); None: today's index.
+    # The instant the pins are resolved as of (engine/resolution.py); None: today's index.
     pins_as_of: datetime | None = None
 
     # Planner outcome: indices into the candidate list plus the message.
@@ -125,7 +125,7 @@ class Candidate(SQLModel, table=True):
     evaluations: list[str] = _json()
     verdict: str | None = None
     growth_mib: float | None = None
-    # The latest evaluation's runs judged together (service/pooled.py `PooledAnalysis`
+    # The latest evaluation's runs judged together (engine/pooled.py `PooledAnalysis`
     # plus "evaluation"); None when it had fewer than two runs to pool.
     pooled: dict[str, Any] | None = Field(default=None, sa_column=Column(JSON))
     freeze: list[str] = _json()
@@ -145,7 +145,7 @@ class Candidate(SQLModel, table=True):
     # The whole environment it is built with, every pin held exactly (mixes and culprit
     # releases); empty: the job's own environment rules.
     pins: list[str] = _json()
-    # A mix: the names of the changes (service/ddmin.py) applied to the good environment.
+    # A mix: the names of the changes (engine/ddmin.py) applied to the good environment.
     applied: list[str] = _json()
     # A commit: what uv builds the package from (`git+URL@SHA`) and the commit's subject.
     source: str | None = Field(default=None, sa_column=Column(Text))

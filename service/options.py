@@ -22,10 +22,10 @@ from pydantic.fields import FieldInfo
 from sqlalchemy import JSON, BigInteger, Text
 from sqlmodel import Field, SQLModel
 
-from runners.earlystop import MIN_HORIZON_S
-from service import baseenv
-from service.resolution import parse_resolve_at
-from service.units import SIZE_HELP, parse_size
+from contract.earlystop import MIN_HORIZON_S
+from engine import baseenv
+from engine.resolution import parse_resolve_at
+from engine.units import SIZE_HELP, parse_size
 
 MAX_SCRIPT_BYTES = 1024 * 1024
 # A cap below this cannot hold a Python interpreter; above it is no cap at all.

@@ -3,7 +3,7 @@
 Resolving a requirement set can build sdists (their build backends are arbitrary code),
 so the API server never does it: a job that needs pins (`PinState.PENDING`, set at
 creation unless it resolves "as released" or brings its own pins with `--base-env`,
-service/baseenv.py) gets one *resolve trial* for its good bound
+engine/baseenv.py) gets one *resolve trial* for its good bound
 before anything else runs. A runner resolves it (`uv pip compile`, sandboxed like any
 build) and reports the pins, which become `Job.constraints`; every candidate is then
 built with them as constraints, falling back to free resolution where they do not fit.
@@ -28,7 +28,7 @@ from typing import Any
 
 from sqlmodel import Session, col, select
 
-from runners.wire import TrialReport
+from contract.wire import TrialReport
 from service import store
 from service.models import Candidate, Job, PinState, Trial, TrialKind, TrialStatus
 from service.specs import env_spec
@@ -37,7 +37,7 @@ FAILED_NOTE = "no pins from the good bound (candidates resolve freely): {reason}
 
 
 def initial_state(as_released: bool, base_env: bool = False) -> PinState:
-    """A base environment is the pins itself (service/baseenv.py): nothing to resolve."""
+    """A base environment is the pins itself (engine/baseenv.py): nothing to resolve."""
     if base_env:
         return PinState.RESOLVED
     return PinState.NONE if as_released else PinState.PENDING

@@ -3,7 +3,7 @@
 `service/scheduler.py` calls these under the job's lock, after every trial; each says
 whether its stage has ended (and then has recorded it with `stages.finish`).
 
-* `mix_step`: one ddmin step (service/ddmin.py) over the mixes judged so far. A new
+* `mix_step`: one ddmin step (engine/ddmin.py) over the mixes judged so far. A new
   configuration becomes a mix candidate; a minimal set ends the stage and lists the first
   culprit's releases as stage "". A bound of that release range is the same environment
   as a mix ddmin judged already (the culprit at its old version is the minimal set minus
@@ -14,7 +14,7 @@ whether its stage has ended (and then has recorded it with `stages.finish`).
   and its answer becomes one candidate per commit.
 * `releases_done`: record the planner's outcome of a stage of versions.
 * `attribute_step`: the boundary pair under the cheaper tracer (memray), then under
-  tracemalloc only when memray named no site (runners/attribution.py rule 6), each run
+  tracemalloc only when memray named no site (engine/attribution.py rule 6), each run
   ending at the stop `service.specs.trace_stop` gives it; then their comparison as
   `Job.attribution`, with how each tracer's runs ended (cut short by the budget, or
   stopped with enough steps) and why a tracer did not run. An earlier job that traced
@@ -27,14 +27,15 @@ from typing import Any
 
 from sqlmodel import Session
 
-from runners import attribution, commits
-from runners.wire import TRACERS
-from service import ddmin, reuse, specs, stages
+from contract import sources
+from contract.wire import TRACERS
+from engine import attribution, ddmin
+from engine.planner import Outcome, Transition
+from engine.releases import RangeError
+from service import reuse, specs, stages
 from service.index import LOCAL, PYPI_SIMPLE, FetchPolicy, IndexUnavailable, project_urls
 from service.jobs import add_candidates, releases_between
 from service.models import Candidate, Job, JobStatus, Trial, TrialKind, TrialStatus
-from service.planner import Outcome, Transition
-from service.releases import RangeError
 from service.settings import get_settings
 from service.store import add_trials, candidates_of
 
@@ -175,7 +176,7 @@ def _start_commits(session: Session, job: Job, trials: list[Trial]) -> list[Cand
                 version=commit["sha"][:12],
                 stage=stages.COMMIT,
                 pins=held,
-                source=commits.source_ref(repo, commit["sha"]),
+                source=sources.source_ref(repo, commit["sha"]),
                 subject=commit["subject"],
             )
         )
@@ -190,7 +191,7 @@ def _queue_listing(session: Session, job: Job) -> list[Candidate] | None:
     releases = {c.version: c for c in _of_stage(session, job, stages.RELEASES)}
     try:
         repo = job.repo or _repo_of(job, bad)
-    except (commits.CommitsError, IndexUnavailable) as exc:
+    except (sources.CommitsError, IndexUnavailable) as exc:
         stages.finish(job, stages.COMMIT, package=job.package, status="error", message=str(exc))
         return []
     job.commit = {"repo": repo, "last_good_release": good, "first_bad_release": bad}
@@ -203,9 +204,9 @@ def _repo_of(job: Job, version: str) -> str:
     """The source repository named in the release's project URLs (read from the index)."""
     urls = project_urls(job.package, version, index_url=job.index_url or PYPI_SIMPLE,
                         policy=_fetch(job))  # fmt: skip
-    repo = commits.repo_from_urls(urls)
+    repo = sources.repo_from_urls(urls)
     if repo is None:
-        raise commits.CommitsError(
+        raise sources.CommitsError(
             f"--commits: no source repository in {job.package} {version}'s project URLs; "
             "give it with --repo URL (or a local clone's path, with bisect-cli run)"
         )
@@ -227,7 +228,7 @@ def releases_done(
         "skipped": [members[i].version for i in outcome.skipped],
         "message": outcome.message,
         # Every leak/no-leak transition the verdicts show, and the releases that contradict
-        # a single boundary (service/planner.py rule 6): non-monotone ranges said out loud.
+        # a single boundary (engine/planner.py rule 6): non-monotone ranges said out loud.
         "transitions": [_transition(t, members) for t in outcome.transitions],
         "disagree": [members[i].version for i in outcome.disagree],
         "not_monotone": outcome.not_monotone,
@@ -281,7 +282,7 @@ def attribute_step(
 ) -> bool:
     """Trace the boundary pair, the cheaper tracer first; True once the comparison is
     stored. Each tracer runs on both releases at once; the next one (tracemalloc) only
-    when the last named no site (runners/attribution.py rule 6)."""
+    when the last named no site (engine/attribution.py rule 6)."""
     found = (stages.record(job, stages.RELEASES) or {}).get("result") or {}
     releases = {c.version: c for c in everything if c.stage == stages.RELEASES}
     good, bad = releases.get(found.get("last_old")), releases.get(found.get("first_new"))
@@ -317,7 +318,7 @@ def attribute_step(
 def compare_traces(
     job: Job, good: Candidate, bad: Candidate, traced: list[Trial], trials: Sequence[Trial] = ()
 ) -> dict:
-    """Per tracer: the stacks that grow in `bad` and not in `good` (runners/attribution.py),
+    """Per tracer: the stacks that grow in `bad` and not in `good` (engine/attribution.py),
     how its runs ended, and for a tracer that did not run, why; `trials`: the job's, for
     the untraced runs the traced ones are measured against."""
     by_tracer: dict[str, Any] = {}

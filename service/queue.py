@@ -76,10 +76,10 @@ from typing import Any
 from sqlalchemy import false, func, update
 from sqlmodel import Session, col, select
 
-from runners.errors import Conflict
+from contract.errors import Conflict
+from engine.verdicts import Verdict
 from service.models import Job, JobStatus, Runner, Trial, TrialStatus, utcnow
 from service.store import TrialNotFound
-from service.verdicts import Verdict
 
 OPEN_JOBS = (JobStatus.QUEUED, JobStatus.RUNNING)
 

@@ -16,11 +16,12 @@ from typing import Any
 
 from pydantic import BaseModel, Field, model_serializer, model_validator
 
-from runners.envs import freeze_diff, index_args
-from service import baseenv, crash, resolution, stages
+from contract.envargs import freeze_diff, index_args
+from engine import baseenv, crash, resolution
+from engine.verdicts import Verdict
+from service import stages
 from service.models import Candidate, Job, Trial, TrialKind, TrialStatus
 from service.specs import env_spec
-from service.verdicts import Verdict
 
 # "found" stays 0 for a range that is not monotone: its first transition is a confirmed
 # boundary, and the report's first lines (JSON: `not_monotone`) say what else the verdicts show.
@@ -50,12 +51,12 @@ class CandidateRow(BaseModel):
     # The other job whose verdict of this release disagrees with this one's (same reuse key
     # and owner, service/reuse.py rule 6): the verdict is flaky and never reused again.
     contradicted_by_job: int | None = None
-    # An error verdict: the line its last failed run ended on (service/crash.py).
+    # An error verdict: the line its last failed run ended on (engine/crash.py).
     error: str | None = None
     # A shell line that rebuilds the candidate as tested and runs the repro (tested ones).
     reproduce: str | None = None
     # "pooled over N runs: ...": its latest evaluation's runs judged together
-    # (service/pooled.py); None when that evaluation had fewer than two runs to pool.
+    # (engine/pooled.py); None when that evaluation had fewer than two runs to pool.
     pooled: str | None = None
 
 
@@ -68,7 +69,7 @@ class RunEvidence(BaseModel):
     duration_s: float | None
     analysis: dict[str, Any] | None
     error: str | None = None  # the line a crashed run ended on
-    # Why the runner ended the run early (runners/earlystop.py); None: it ran to its end.
+    # Why the runner ended the run early (contract/earlystop.py); None: it ran to its end.
     stopped_early: str | None = None
 
 
@@ -82,7 +83,7 @@ class Evidence(BaseModel):
 
 
 class TransitionRow(BaseModel):
-    """One leak/no-leak transition of the range (service/planner.py rule 6)."""
+    """One leak/no-leak transition of the range (engine/planner.py rule 6)."""
 
     before: str  # the last release judged in the earlier state
     after: str  # the first release judged in the other state
@@ -128,7 +129,7 @@ class Report(BaseModel):
     evidence: list[Evidence] = Field(default_factory=list)
     reproduce: str | None = None
     machine: dict[str, Any] | None = None
-    # How the packages besides the bisected one were chosen, and why (service/resolution.py).
+    # How the packages besides the bisected one were chosen, and why (engine/resolution.py).
     environment: str | None = None
     # The stages before and after the releases (service/stages.py), as the job stored them:
     # --from/--to's minimal set of changes and its mixes, --attribute's growing stacks,

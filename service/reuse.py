@@ -23,14 +23,14 @@ Rules, in code order:
    - each of its deciding runs either ran to its end, or was stopped by the memory-cap
      rule (`CAP_NEAR`: it only stops a run the cap would kill, and an OOM kill with a
      rising floor is a leak in a fresh run too), or was stopped early on a horizon of at
-     least `runners.earlystop.MIN_HORIZON_S` (the trial's analysis["early_stop"]), the
+     least `contract.earlystop.MIN_HORIZON_S` (the trial's analysis["early_stop"]), the
      bound below which the rule itself never takes a leak look. A run stopped early
      without that record (every run of the code before it) is too weak: on a short
      horizon the rule fired on import ramps.
    Among those: the most evaluations, then the newest.
 4. Copy (`try_reuse`): the source's verdict as *one* evaluation, with its growth, freeze
    and resolution, and `reused_from` pointing at it. The planner confirms the boundary
-   pair by running each until it has two evaluations (service/planner.py rule 4), so the
+   pair by running each until it has two evaluations (engine/planner.py rule 4), so the
    job always runs its own boundary pair, and a stale verdict there is caught.
 5. Bounds (`stale_bounds`): a bound in the wrong state on a reused verdict alone would
    end the job without a run of its own; it is run once first, and the job ends only if
@@ -63,18 +63,18 @@ from packaging.version import InvalidVersion, Version
 from sqlalchemy import and_, or_
 from sqlmodel import Session, col, select
 
-from runners.earlystop import MIN_HORIZON_S
-from service.analysis import ClassifierSettings
+from contract.earlystop import MIN_HORIZON_S
+from engine.analysis import ClassifierSettings
+from engine.verdicts import Verdict
 from service.models import Candidate, Job, Trial, TrialKind, TrialStatus
 from service.specs import env_spec
-from service.verdicts import Verdict
 
 # Bump when the key's contents change, so old keys stop matching new ones.
 # 2: the job's --env variables and the script's file name; repeats left for rule 3.
 KEY_VERSION = 2
 REUSABLE = frozenset({Verdict.LEAK.value, Verdict.CLEAN.value, Verdict.PLATEAU.value})
 BOUNDED = sorted({Verdict.CLEAN.value, Verdict.PLATEAU.value})
-# How runners/earlystop.py words a stop by the memory-cap rule (`EarlyStopper.look`).
+# How contract/earlystop.py words a stop by the memory-cap rule (`EarlyStopper.look`).
 CAP_NEAR = "the memory cap is near"
 
 

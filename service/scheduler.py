@@ -22,14 +22,14 @@ from statistics import median
 
 from sqlmodel import Session, col, select
 
+from engine.planner import Plan, ReleaseState, plan
+from engine.pooled import PooledRun, classify_runs
+from engine.verdicts import Verdict
 from service import pins, pipeline, queue, reuse, stages
 from service.models import Candidate, Job, JobStatus, Trial, TrialKind, TrialStatus, utcnow
-from service.planner import Plan, ReleaseState, plan
-from service.pooled import PooledRun, classify_runs
 from service.specs import longer_run_hints
 from service.store import add_trials, candidates_of, steps_printed, trials_of
 from service.trials import cannot_run_why, classifier_settings
-from service.verdicts import Verdict
 
 # Marks the lines of job.message that `advance` owns (reuse notes).
 REUSE_MARK = " reused from job "
@@ -48,7 +48,7 @@ def slots_for(session: Session, job: Job, *, within_s: float = 60) -> int:
 def _close_or_extend(session: Session, job: Job, candidate: Candidate, trials: list[Trial]) -> bool:
     """Settle the candidate's open evaluation; True while it is still running.
 
-    Its runs are judged together (service/pooled.py) from the floors each run's analysis
+    Its runs are judged together (engine/pooled.py) from the floors each run's analysis
     already holds: microseconds under the job lock, no samples reloaded.
     """
     if any(t.status in (TrialStatus.QUEUED, TrialStatus.LEASED) for t in trials):

@@ -10,8 +10,8 @@ from typing import Annotated, Any, Literal
 from pydantic import Field, SecretStr, ValidationError, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
-from runners.errors import InvalidInput
-from runners.sandbox import cache_home, uv_cache_dir
+from contract.errors import InvalidInput
+from contract.paths import cache_home, uv_cache_dir
 
 
 def _data_home() -> Path:

@@ -6,12 +6,12 @@ the longest earlier run of the evaluation printed (when it printed step markers)
 `LEAKBISECT_SECONDS`, twice that run's duration. They are the trial's `hints`; the job's
 own `--env` variables win over them.
 
-Early stopping (runners/earlystop.py) needs the trial's horizon: how long a trial of
+Early stopping (contract/earlystop.py) needs the trial's horizon: how long a trial of
 this job runs when nothing stops it. `horizon` takes it from the job's trials that ran
 to their end (finished, exit 0, not stopped early): the longest duration and the
 largest step count. Until one has, the horizon is unknown and only the cap rule can
 stop a trial; so it is while the horizon has no steps or lasted under
-`runners.earlystop.MIN_HORIZON_S` (rule 2 there). The planner runs both bounds first:
+`contract.earlystop.MIN_HORIZON_S` (rule 2 there). The planner runs both bounds first:
 with one slot (`bisect-cli run` with --jobs 1, or a single runner) the good bound runs
 first, clean, to its end, and gives the horizon to every later trial, the bad bound
 included; with more slots the bounds run at once and neither has a horizon (both run to
@@ -19,7 +19,7 @@ their end unless the cap is near), and the trials queued after them get one.
 
 A traced run (an attribute trial) ends when `trace_stop` says: enough step markers, or
 its budget against the candidate's `untraced` run and the job's run seconds
-(runners/attribution.py rules 7 and 8); the runner kills it past `hard_timeout`.
+(engine/attribution.py rules 7 and 8); the runner kills it past `hard_timeout`.
 """
 
 import math
@@ -29,10 +29,10 @@ from typing import Any
 
 from packaging.utils import canonicalize_name
 
-from runners import attribution
-from runners.wire import CommitRange, EarlyStop, EnvSpec, TraceStop, TrialSpec
+from contract.wire import CommitRange, EarlyStop, EnvSpec, TraceStop, TrialSpec
+from engine import attribution
+from engine.analysis import ClassifierSettings
 from service import stages
-from service.analysis import ClassifierSettings
 from service.models import Candidate, Job, Trial, TrialKind, TrialStatus
 
 
@@ -40,7 +40,7 @@ def env_spec(job: Job, candidate: Candidate, *, resolving: bool = False) -> EnvS
     """A candidate's environment; `resolving`: for the resolve trial that makes the pins.
 
     As released, only what the index held the moment the candidate was uploaded. The
-    pins are resolved as of `Job.pins_as_of` (service/resolution.py); candidates are then
+    pins are resolved as of `Job.pins_as_of` (engine/resolution.py); candidates are then
     built with them as constraints, so the cutoff only applies where they are made.
     """
     if candidate.pins:
@@ -140,7 +140,7 @@ def untraced(candidate: Candidate, trials: Sequence[Trial]) -> tuple[float | Non
 
 
 def trace_stop(job: Job, candidate: Candidate, trials: Sequence[Trial]) -> TraceStop:
-    """When an attribute trial of `candidate` ends (runners/attribution.py rules 7, 8)."""
+    """When an attribute trial of `candidate` ends (engine/attribution.py rules 7, 8)."""
     seconds, steps = untraced(candidate, trials)
     traced = [t for t in trials if t.kind == TrialKind.ATTRIBUTE]
     ended = [t for t in traced if t.status in (TrialStatus.DONE, TrialStatus.CANCELLED)]

@@ -8,19 +8,19 @@ every trial, and the local loop and the service walk the same path.
 
 Stages, in the order `order` lists them:
 
-1. "mix" (--from/--to only). ddmin over the changed packages (service/ddmin.py). A mix
+1. "mix" (--from/--to only). ddmin over the changed packages (engine/ddmin.py). A mix
    is a candidate holding its whole environment in `Candidate.pins`, built strictly (every
    pin exactly; a mix uv cannot resolve fails to build, a skip, never blamed). When the
    minimal set is found, its first culprit with two versions becomes `Job.package` and
    its two versions the job's range. A culprit that was added or removed has no
    releases: the set is then the answer.
-2. "": the releases of `Job.package` (service/planner.py). With --from/--to every release
+2. "": the releases of `Job.package` (engine/planner.py). With --from/--to every release
    is installed with the other culprits at their new versions and everything else as in
    --from: the mix that leaked, with only this package moving.
 3. "release:NAME": each further culprit of an interaction, the same way.
 4. "attribute" (--attribute, when stage "" found its boundary): the last good and the
    first bad release under memray, then under tracemalloc only when memray named no site,
-   each traced run stopped at enough steps or its budget (runners/attribution.py);
+   each traced run stopped at enough steps or its budget (engine/attribution.py);
    `Job.attribution` is their comparison. Tracing perturbs timing, so these trials are
    never judged.
 5. "commit" (--commits, when stage "" found its boundary): the commits between the two
@@ -36,9 +36,9 @@ from typing import Any
 from packaging.utils import canonicalize_name
 from sqlmodel import Session, col, func, select
 
-from service import ddmin
+from engine import ddmin
+from engine.verdicts import Verdict
 from service.models import Candidate, Job
-from service.verdicts import Verdict
 
 MIX, RELEASES, ATTRIBUTE, COMMIT = "mix", "", "attribute", "commit"
 CULPRIT_PREFIX = "release:"

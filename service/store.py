@@ -11,7 +11,7 @@ from typing import Any
 from sqlalchemy import func
 from sqlmodel import Session, col, select
 
-from runners.errors import NotFound
+from contract.errors import NotFound
 from service.models import Candidate, Job, JobStatus, MemorySample, Runner, Trial, TrialKind
 
 # Ids are 64-bit in every database; anything larger names nothing.

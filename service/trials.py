@@ -5,12 +5,13 @@ from typing import Any
 from sqlalchemy import insert
 from sqlmodel import Session
 
-from runners.floors import steps_done
-from runners.wire import TrialReport
-from service import crash, pins
-from service.analysis import ClassifierSettings, classify_run
+from contract.floors import steps_done
+from contract.wire import TrialReport
+from engine import crash
+from engine.analysis import ClassifierSettings, classify_run
+from engine.verdicts import Verdict
+from service import pins
 from service.models import Candidate, Job, MemorySample, Trial, TrialKind, TrialStatus, utcnow
-from service.verdicts import Verdict
 
 SAMPLE_FIELDS = {"t", "rss", "anon", "shared", "gpu", "step"}
 
@@ -61,7 +62,7 @@ def judge(job: Job, report: TrialReport) -> Judgement:
     analysis["missing_protections"] = list(report.missing_protections)
     verdict = run.verdict
     if report.stopped_early and not report.oom_killed:
-        # The runner ended it because its rule was sure it leaks (runners/earlystop.py);
+        # The runner ended it because its rule was sure it leaks (contract/earlystop.py);
         # the samples say why, cut off where the rule fired.
         verdict = Verdict.LEAK
         analysis["verdict"] = verdict.value
@@ -71,7 +72,7 @@ def judge(job: Job, report: TrialReport) -> Judgement:
 
 def _cannot_run(report: TrialReport) -> str | None:
     """The error line of a run that ended itself with an ImportError, ModuleNotFoundError
-    or AttributeError before its first step marker (service/crash.py); else None. What it
+    or AttributeError before its first step marker (engine/crash.py); else None. What it
     did before (an import ramp) is set-up, never a leak; after a marker the crash is what
     it is today (an error, or a leak by `crash_leak_is_leak`)."""
     killed = report.oom_killed or report.timed_out or report.stopped_early

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from runners.docker_images import API_IMAGE, RUNNER_IMAGE
+from runners.docker.images import API_IMAGE, RUNNER_IMAGE
 
 
 def unavailable(why: str) -> None:
@@ -36,7 +36,7 @@ def engine(*images: str) -> Any:
         except Exception:  # noqa: BLE001
             unavailable(
                 f"image {image} missing: dockerfiles/build-base.sh && "
-                "uv run python -m runners.docker_images"
+                "uv run python -m runners.docker.images"
             )
     return client
 

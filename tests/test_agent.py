@@ -21,11 +21,11 @@ import pytest
 import uvicorn
 from typer.testing import CliRunner
 
+from contract.wire import EnvResult, Lease, RunnerCapabilities, RunnerRegister, TrialReport
 from runners.agent import Agent, parse_labels
 from runners.client import ApiClient
 from runners.spool import Spool
 from runners.trial import LocalExecutor
-from runners.wire import EnvResult, Lease, RunnerCapabilities, RunnerRegister, TrialReport
 from service.api.app import create_app
 from service.cli import app
 from service.cli.serve import bind

@@ -1,7 +1,7 @@
 """The leak classifier against synthetic traces with a known ground truth.
 
 Everything here is seeded and pure, so verdicts are pinned exactly. Time-based
-scenarios run for 2 minutes (the shortest run at which service.analysis
+scenarios run for 2 minutes (the shortest run at which engine.analysis
 documents them as reliable at the default noise), the slow leak for 20 minutes.
 """
 
@@ -10,15 +10,15 @@ import json
 import numpy as np
 import pytest
 
-from service import synthetic
-from service.analysis import (
+from engine import synthetic
+from engine.analysis import (
     ClassifierSettings,
     aggregate,
     classify_run,
     classify_series,
     needs_more_runs,
 )
-from service.verdicts import Verdict
+from engine.verdicts import Verdict
 
 L, C, P, INC, S, E = (
     Verdict.LEAK,
@@ -52,7 +52,7 @@ def judge(scenario: str, seed: int = 0, **params: float):
         ("sawtooth", C),
         ("cache", P),
         # A one-off step with the last third of the run flat after it: the floor rose
-        # once and stayed, which is what PLATEAU means (see service.analysis).
+        # once and stayed, which is what PLATEAU means (see engine.analysis).
         ("late_step", P),
         ("slow_leak", L),
         ("fast_leak", L),

@@ -16,7 +16,7 @@ from fastapi.testclient import TestClient
 from sqlalchemy import text
 from sqlmodel import Session, select
 
-from runners.wire import EnvResult, TrialReport
+from contract.wire import EnvResult, TrialReport
 from service.api import create_app
 from service.api.maintenance import tick
 from service.db import get_engine, upgrade
@@ -426,7 +426,7 @@ def test_one_runner_bisects_over_http(client: TestClient, fixture_index: str) ->
         "grows at leakyfixture/core.py:41 in step (+8.0 MiB, memray)"
     )
     # --attribute (on by default): memray, the cheaper tracer, ran both ends once more and
-    # named the package's line, so tracemalloc did not run (runners/attribution.py rule 6).
+    # named the package's line, so tracemalloc did not run (engine/attribution.py rule 6).
     attributed = shown["attribution"]
     assert (attributed["last_good"], attributed["first_bad"]) == ("1.0.5", "1.0.6")
     assert list(attributed["tracers"]) == ["memray", "tracemalloc"]

@@ -1,4 +1,4 @@
-"""runners/attribution.py: per-stack growth compared between the boundary pair, and when a
+"""engine/attribution.py: per-stack growth compared between the boundary pair, and when a
 traced run stops (pure); the helper's own pieces and its stops in real child processes
 (runners/tracehelper.py); the stop on the way to the helper (runners/tracing.py, the
 Docker run phase)."""
@@ -17,12 +17,13 @@ from typing import Any
 import pytest
 from sqlmodel import Session, col, select
 
-from runners import attribution, tracehelper, tracing
-from runners.attribution import MIB, NATIVE_NOTE, compare, growth, headline
-from runners.docker_spec import DockerSettings, run_kwargs
-from runners.wire import TraceStop
+from contract.wire import TraceStop
+from engine import attribution
+from engine.attribution import MIB, NATIVE_NOTE, compare, growth, headline
+from engine.findings import attribution_lines
+from runners import tracehelper, tracing
+from runners.docker.spec import DockerSettings, run_kwargs
 from service.db import make_engine, upgrade
-from service.findings import attribution_lines
 from service.models import Candidate, Job, Trial, TrialKind, TrialStatus
 from service.scheduler import advance
 from service.specs import trial_spec
@@ -311,7 +312,7 @@ def test_trace_stop_and_the_runners_hard_limit() -> None:
     assert tracing.helper_args("memray", Path("/w/p.json"), Path("/w/r.py"), ["13", "26.2"]) == [
         "memray", "/w/p.json", "/w/r.py", "13", "26.2"
     ]  # fmt: skip
-    # The Docker run phase passes them on to runners.docker_entry's `run`.
+    # The Docker run phase passes them on to runners.docker.entry's `run`.
     kw = run_kwargs(DockerSettings(image="i", runner_name="r", cache_volume="c"), 1, 1,
                     python="/e/bin/python", script_name="repro.py", memory_limit_bytes=1 << 30,
                     variables={}, tracer="memray", stop=["13", "26.2"])  # fmt: skip
@@ -569,7 +570,7 @@ def test_without_memray_tracemalloc_runs_within_what_is_left(session: Session) -
 
 
 def test_the_reports_say_a_tracer_was_cut_short_or_not_run() -> None:
-    # One wording for the text, Markdown and web reports (service/findings.py).
+    # One wording for the text, Markdown and web reports (engine/findings.py).
     cut = "cut short after 7 of 60 steps (budget 3.0x the untraced run of 7.5 s)"
     enough = "stopped after 12 of 60 steps (enough to compare)"
 

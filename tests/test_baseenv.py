@@ -1,6 +1,6 @@
 """`--base-env FILE` (issue 11): the user's own environment, with the bisected package swapped.
 
-The parser (service/baseenv.py) for each format and each refusal, then real uv builds on a
+The parser (engine/baseenv.py) for each format and each refusal, then real uv builds on a
 local index (runners/envs.py `install_base`), then `bisect-cli run --base-env` end to end.
 """
 
@@ -14,10 +14,10 @@ from pathlib import Path
 
 import pytest
 
+from contract.errors import InvalidInput
+from contract.wire import EnvSpec
+from engine import baseenv
 from runners.envs import build_env
-from runners.errors import InvalidInput
-from runners.wire import EnvSpec
-from service import baseenv
 from service.example.fixture import build_fixture, pack_wheel
 from service.example.index import serve_index
 from service.models import Candidate, Job

@@ -55,7 +55,7 @@ def test_stages_bench_writes_its_report(tmp_path: Path) -> None:
     for run in ("untraced", "tracemalloc", "memray"):
         assert re.search(rf"^\| {run} \| \d+\.\d\d \| ", md, re.M), run
     # The scenario's trials are those tests/test_stages_e2e.py pins for it (the release
-    # search's fifth is the witness above the first bad release: service/planner.py rule 5).
+    # search's fifth is the witness above the first bad release: engine/planner.py rule 5).
     row = re.search(r"^\| which dependency: one \| (\d+\.\d) \| (.*) \|$", md, re.M)
     assert row, md
     assert row.group(2) == "7 mixes + 5 releases | 0 | 0 | suite-gamma; first bad suite-gamma 1.0.3"

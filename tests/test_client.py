@@ -5,8 +5,8 @@ import socket
 import httpx
 import pytest
 
+from contract.wire import EnvResult, Heartbeat, LeaseReturn, RunnerRegister, TrialReport
 from runners.client import ApiClient, ApiError, ApiUnreachable, StaleLeaseError, api_root
-from runners.wire import EnvResult, Heartbeat, LeaseReturn, RunnerRegister, TrialReport
 
 TOKEN = "s3cret-token-value"
 

@@ -9,6 +9,8 @@ from pathlib import Path
 import pytest
 from uv import find_uv_bin
 
+from contract.sources import repo_from_urls, source_ref
+from contract.wire import CommitRange, EnvSpec, TrialSpec
 from runners.commits import (
     URL_PROTOCOLS,
     Commit,
@@ -18,15 +20,12 @@ from runners.commits import (
     checkout_for,
     list_commits,
     list_range,
-    repo_from_urls,
     report,
-    source_ref,
     tag_candidates,
     tag_for,
 )
 from runners.trial import LocalExecutor
 from runners.users import identities
-from runners.wire import CommitRange, EnvSpec, TrialSpec
 from service.example.githttp import serve_smart
 from service.example.gitrepo import (
     BROKEN_SUBJECT,

@@ -1,13 +1,13 @@
-"""The crash evidence rules (service/crash.py): the line shown, the hint given, and whether a
+"""The crash evidence rules (engine/crash.py): the line shown, the hint given, and whether a
 run could run at all (service/trials.py `judge`: the repro cannot run on this release)."""
 
 from types import SimpleNamespace
 
-from runners.wire import EnvResult, TrialReport
-from service.analysis import classify_run
-from service.crash import cannot_run, culprit_package, error_line, hint
+from contract.wire import EnvResult, TrialReport
+from engine.analysis import classify_run
+from engine.crash import cannot_run, culprit_package, error_line, hint
+from engine.verdicts import Verdict
 from service.trials import cannot_run_why, judge
-from service.verdicts import Verdict
 
 JAX_TRACE = """\
 step 0

@@ -1,12 +1,12 @@
-"""service/ddmin.py: which changes make the good environment leak, and how many mixes it takes."""
+"""engine/ddmin.py: which changes make the good environment leak, and how many mixes it takes."""
 
 import random
 from collections.abc import Callable
 
 import pytest
 
-from service import ddmin
-from service.ddmin import Change, Failed, Minimal, Need, Outcome, step
+from engine import ddmin
+from engine.ddmin import Change, Failed, Minimal, Need, Outcome, step
 
 Oracle = Callable[[frozenset[str]], Outcome]
 

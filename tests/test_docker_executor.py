@@ -24,12 +24,12 @@ from typing import Any
 import pytest
 from docker.errors import NotFound
 
+from contract.sources import source_ref
+from contract.wire import CommitRange, EnvSpec, TrialReport, TrialSpec
+from engine.analysis import classify_run
 from runners import tracing
-from runners.commits import source_ref
-from runners.docker import LOCAL_CLONE, DockerExecutor, _profile
-from runners.docker_spec import LABEL_RUNNER, LABEL_TRIAL, TRIAL_UID
-from runners.wire import CommitRange, EnvSpec, TrialReport, TrialSpec
-from service.analysis import classify_run
+from runners.docker.executor import LOCAL_CLONE, DockerExecutor, _profile
+from runners.docker.spec import LABEL_RUNNER, LABEL_TRIAL, TRIAL_UID
 from service.example.gitrepo import _git, build_repo, serve_repo
 from tests.docker_util import RUNNER_IMAGE, engine
 
@@ -85,7 +85,7 @@ def test_example_finds_1_0_6_visiting_the_same_candidates_as_local(
     assert results["docker"]["last_good"] == "1.0.5"
     assert visited(results["docker"]) == visited(results["local"])
     # The boundary pair's leaking runs go to their end in a container as in a process (the
-    # fixture's 2 s horizon is under runners/earlystop.py's MIN_HORIZON_S), and both
+    # fixture's 2 s horizon is under contract/earlystop.py's MIN_HORIZON_S), and both
     # executors report the horizon each run was sent and the leak looks it tested (none).
     for kind in ("local", "docker"):
         bad = next(e for e in results[kind]["evidence"] if e["version"] == "1.0.6")
@@ -330,7 +330,7 @@ def test_a_missing_image_or_cgroup_root_is_one_line_and_exit_1(
     assert proc.returncode == 1
     assert proc.stderr.strip().splitlines() == [
         "error: --image: runner image leakbisect-no-such:image not found; build it with "
-        "dockerfiles/build-base.sh && uv run python -m runners.docker_images"
+        "dockerfiles/build-base.sh && uv run python -m runners.docker.images"
     ]
     proc = cli([*base, "--cgroup-root", str(tmp_path)], tmp_path, tmp_path / "uv")
     assert proc.returncode == 1
@@ -439,7 +439,7 @@ def test_a_memray_trial_whose_env_cannot_install_memray_says_so_in_its_attributi
 
 
 class _Archived:
-    """A stopped container as `runners.docker._profile` sees it: `get_archive` only."""
+    """A stopped container as `runners.docker.executor._profile` sees it: `get_archive` only."""
 
     def __init__(self, member: tarfile.TarInfo | None, data: bytes = b"") -> None:
         self.member, self.data = member, data

@@ -17,11 +17,11 @@ from typing import Any
 import pytest
 from docker.types import DeviceRequest
 
-from runners.docker import DockerExecutor
-from runners.docker_cgroup import DEFAULT_ROOT, find
-from runners.docker_spec import DockerSettings
+from contract.wire import EnvSpec, TrialSpec
+from runners.docker.cgroup import DEFAULT_ROOT, find
+from runners.docker.executor import DockerExecutor
+from runners.docker.spec import DockerSettings
 from runners.nvml import GpuProbe
-from runners.wire import EnvSpec, TrialSpec
 from tests.docker_util import RUNNER_IMAGE, engine
 from tests.fake_nvml import FakeDevice, FakeNvml, FakeProcess
 

@@ -5,8 +5,10 @@ from __future__ import annotations
 import pytest
 from docker.types import DeviceRequest
 
-from runners.docker_cgroup import Counters, find, parse_keyed
-from runners.docker_spec import (
+from contract.errors import InvalidInput
+from contract.wire import EnvSpec
+from runners.docker.cgroup import Counters, find, parse_keyed
+from runners.docker.spec import (
     CA_MOUNT,
     DockerSettings,
     build_kwargs,
@@ -14,10 +16,8 @@ from runners.docker_spec import (
     run_kwargs,
     script_env,
 )
-from runners.docker_watch import _exit_code
-from runners.errors import InvalidInput
+from runners.docker.watch import _exit_code
 from runners.publish import owner_key
-from runners.wire import EnvSpec
 
 SETTINGS = DockerSettings(image="img:1", runner_name="r1", cache_volume="cache")
 MiB = 1 << 20
@@ -176,6 +176,7 @@ def test_an_unknown_executor_is_refused(monkeypatch: pytest.MonkeyPatch) -> None
 
 def test_the_entry_runs_every_tracer_the_wire_names() -> None:
     # docker_entry spells the tracers out (its run phase does not import pydantic).
-    from runners import docker_entry, wire
+    from contract import wire
+    from runners.docker.executor import docker_entry
 
     assert docker_entry.TRACERS == wire.TRACERS == ("memray", "tracemalloc")  # cheaper first

@@ -1,4 +1,4 @@
-"""Early stopping (runners/earlystop.py): every rule on generated traces, live, and end to end.
+"""Early stopping (contract/earlystop.py): every rule on generated traces, live, and end to end.
 
 The rule is deterministic, so counts over fixed seeds are pinned exactly: a change that
 moves them shows here. The realistic corpus's counts are in tests/test_synthetic_corpus.py.
@@ -12,7 +12,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from runners.earlystop import (
+from contract.earlystop import (
     MIN_HORIZON_S,
     EarlyStopper,
     first_stop,
@@ -20,15 +20,15 @@ from runners.earlystop import (
     replay,
     seen_by_samples,
 )
+from contract.wire import EarlyStop, EarlyStopRecord, EnvResult, TrialReport, TrialSpec
+from engine import synthetic
+from engine.analysis import classify_series
+from engine.verdicts import Verdict
 from runners.executor import run_script
 from runners.trial import _report
-from runners.wire import EarlyStop, EarlyStopRecord, EnvResult, TrialReport, TrialSpec
-from service import synthetic
-from service.analysis import classify_series
 from service.models import Trial, TrialKind, TrialStatus
 from service.specs import early_stop, horizon, look_every
 from service.trials import judge
-from service.verdicts import Verdict
 from tests.test_run_e2e import cli, run_args
 
 MIB = 1024 * 1024

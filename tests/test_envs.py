@@ -19,10 +19,11 @@ from pathlib import Path
 
 import pytest
 
+from contract.envargs import exclude_newer_arg, freeze_diff
+from contract.errors import Unavailable
+from contract.wire import EnvSpec
 from runners import envs, publish, users, uvrun
-from runners.envs import EnvError, build_env, find_python, freeze_diff, resolve_pins, spec_hash
-from runners.errors import Unavailable
-from runners.wire import EnvSpec
+from runners.envs import EnvError, build_env, find_python, resolve_pins, spec_hash
 from service.example.fixture import FixtureSpec, build_fixture, pack_wheel
 from service.example.index import serve_index
 from service.models import Candidate, Job, Trial
@@ -201,9 +202,9 @@ def test_as_released_cuts_off_at_the_upload_time(build) -> None:
 
 def test_exclude_newer_arg() -> None:
     when = datetime(2024, 1, 3, tzinfo=UTC)
-    assert envs.exclude_newer_arg(when) == "2024-01-03T00:00:00.001Z"
-    assert envs.exclude_newer_arg(when + timedelta(microseconds=999)) == "2024-01-03T00:00:00.001Z"
-    assert envs.exclude_newer_arg(datetime(2024, 1, 3, 1)) == "2024-01-03T01:00:00.001Z"
+    assert exclude_newer_arg(when) == "2024-01-03T00:00:00.001Z"
+    assert exclude_newer_arg(when + timedelta(microseconds=999)) == "2024-01-03T00:00:00.001Z"
+    assert exclude_newer_arg(datetime(2024, 1, 3, 1)) == "2024-01-03T01:00:00.001Z"
 
 
 def test_foreign_platform_only_release_cannot_be_built(build) -> None:

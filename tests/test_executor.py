@@ -13,11 +13,11 @@ from typing import Any
 import psutil
 import pytest
 
+from contract.wire import Sample
 from runners import executor, limits
 from runners.executor import run_script
 from runners.markers import STEP_MARKER, parse_marker
 from runners.sampler import Sampler
-from runners.wire import Sample
 from tests.nsutil import NS_PID_EXPR, host_pid, nspid
 
 MiB = 2**20

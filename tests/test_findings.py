@@ -1,10 +1,10 @@
-"""The plain-text lines of the stages beyond the releases (service/findings.py), exactly:
+"""The plain-text lines of the stages beyond the releases (engine/findings.py), exactly:
 the text report, the Markdown report and the web page all print these."""
 
 from types import SimpleNamespace
 from typing import Any
 
-from service.findings import attribution_lines, commit_lines, dependency_lines, sections
+from engine.findings import attribution_lines, commit_lines, dependency_lines, sections
 
 MIB = 1024 * 1024
 

@@ -19,11 +19,11 @@ from pathlib import Path
 import psutil
 import pytest
 
+from contract.wire import CommitRange
 from runners import commits, gitcache
 from runners.commits import answer
 from runners.gitrun import tree_bytes
 from runners.users import identities
-from runners.wire import CommitRange
 from service.example.githttp import serve_smart
 from tests.gitfixture import (
     bare_copy,
@@ -112,7 +112,7 @@ import ctypes, json, os, sys
 from pathlib import Path
 ctypes.CDLL(None).prctl(36, 1, 0, 0, 0)  # a child subreaper, as a runner that is PID 1
 from runners import commits
-from runners.wire import CommitRange
+from contract.wire import CommitRange
 commits.CLONE_TIMEOUT = 0.5
 commits.LOW_SPEED_S = 60
 url, cache = sys.argv[1], Path(sys.argv[2])

@@ -77,7 +77,7 @@ def test_finds_the_first_leaking_gpu_release(bisection) -> None:
         "0.1.3": "plateau",
         "0.1.4": "plateau",
         "0.1.5": "leak",
-        "0.1.6": "leak",  # the witness above the first bad (service/planner.py rule 5)
+        "0.1.6": "leak",  # the witness above the first bad (engine/planner.py rule 5)
         "0.1.7": "leak",
     }
     assert report["dependency_diff"] == [
@@ -101,7 +101,7 @@ def test_trials_visited_and_judged_on_both_series(bisection) -> None:
     ).fetchall()
     visited = [(version, verdict, code, source) for version, verdict, code, source, _ in rows]
     # Bounds, binary search, the boundary pair again, then the witness above the first bad
-    # (service/planner.py rule 5); every GPU figure per process.
+    # (engine/planner.py rule 5); every GPU figure per process.
     assert visited == [
         ("0.1.0", "plateau", 0, "process"),
         ("0.1.7", "leak", 0, "process"),

@@ -13,11 +13,11 @@ from pathlib import Path
 
 import pytest
 
+from engine.analysis import RunAnalysis, classify_run
+from engine.verdicts import Verdict
 from runners.envs import find_python
 from runners.executor import Execution, run_script
 from runners.nvml import GpuProbe
-from service.analysis import RunAnalysis, classify_run
-from service.verdicts import Verdict
 from tests.fake_cuda import FakeCuda, build_fake_cuda
 from tests.fake_nvml import FakeNvml
 

@@ -26,9 +26,9 @@ from pathlib import Path
 
 import pytest
 
+from contract.wire import EnvResult, EnvSpec
 from runners import envs, publish, users
 from runners.envs import build_env, spec_hash
-from runners.wire import EnvResult, EnvSpec
 from service.example.fixture import pack_wheel
 from service.example.index import serve_index
 

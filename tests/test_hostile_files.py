@@ -19,10 +19,10 @@ from typing import Any
 
 import pytest
 
+from contract.wire import EnvSpec, TrialSpec
 from runners import safefs, sandbox, tracing, trial
-from runners.docker import _profile
+from runners.docker.executor import _profile
 from runners.users import lease_trial_user
-from runners.wire import EnvSpec, TrialSpec
 from tests.planted import fingerprint, finishes
 
 ROOT = os.geteuid() == 0

@@ -21,10 +21,10 @@ from packaging import tags as ptags
 from packaging.version import Version
 from uv import find_uv_bin
 
+from engine.releases import select_range
 from service.example.fixture import FixtureSpec, build_fixture, write_wheel
 from service.example.index import JSON_TYPE, negotiate, serve_index
 from service.index import IndexUnavailable, _ssl_verify, list_releases, target_tags
-from service.releases import select_range
 
 ALL = ["1.0.0", "1.0.1", "1.0.2", "1.0.3", "1.0.4", "1.0.5", "1.0.6", "1.0.7", "1.0.8", "1.0.9"]
 REPRO = Path(__file__).resolve().parents[1] / "service" / "example" / "repro.py"

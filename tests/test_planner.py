@@ -3,7 +3,7 @@
 A tiny driver plays the runners: every candidate the planner returns is
 "evaluated" with its scripted truth, all of a round at once, until the planner
 returns an outcome. The sequences asserted here were worked out by hand from the
-rules in service/planner.py's docstring (rank-median of the unknowns, lower index
+rules in engine/planner.py's docstring (rank-median of the unknowns, lower index
 on ties, bounds first, confirm the boundary pair once, then one witness in the
 middle of the largest untested stretch between the first bad and the bad bound).
 """
@@ -14,8 +14,8 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from service.planner import Outcome, Plan, ReleaseState, Transition, plan
-from service.verdicts import Verdict
+from engine.planner import Outcome, Plan, ReleaseState, Transition, plan
+from engine.verdicts import Verdict
 
 CLEAN, LEAK, PLATEAU = Verdict.CLEAN, Verdict.LEAK, Verdict.PLATEAU
 SKIP, ERROR, INCONCLUSIVE = Verdict.SKIP, Verdict.ERROR, Verdict.INCONCLUSIVE

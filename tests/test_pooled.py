@@ -1,4 +1,4 @@
-"""Pooled evidence (service/pooled.py) on generated traces, and how the scheduler uses it:
+"""Pooled evidence (engine/pooled.py) on generated traces, and how the scheduler uses it:
 the candidate's verdict, the stored pooled analysis, the report, the longer-run hints."""
 
 import io
@@ -10,17 +10,17 @@ from rich.console import Console
 from sqlalchemy import insert
 from sqlmodel import Session, col, select
 
-from service.analysis import aggregate, classify_run
+from engine.analysis import aggregate, classify_run
+from engine.pooled import PooledRun, classify_runs
+from engine.synthetic import SCENARIOS, STEPPED_SCENARIOS, stepped_trace, trace
+from engine.verdicts import Verdict
 from service.cli.display import render_report
 from service.db import make_engine, upgrade
 from service.markdown import markdown_report
 from service.models import Candidate, Job, MemorySample, Trial, TrialStatus
-from service.pooled import PooledRun, classify_runs
 from service.report import build_report, candidate_rows, evidence
 from service.scheduler import advance
 from service.specs import longer_run_hints, trial_spec
-from service.synthetic import SCENARIOS, STEPPED_SCENARIOS, stepped_trace, trace
-from service.verdicts import Verdict
 
 # N: not decided (inconclusive).
 C, N, L, P = Verdict.CLEAN, Verdict.INCONCLUSIVE, Verdict.LEAK, Verdict.PLATEAU
@@ -73,7 +73,7 @@ def test_one_run_is_judged_exactly_as_before() -> None:
 
 
 def bounded_traces() -> list[tuple[str, object]]:
-    """Every bounded scenario of service.synthetic, made harder than its defaults."""
+    """Every bounded scenario of engine.synthetic, made harder than its defaults."""
     out: list[tuple[str, object]] = []
     for name, truth in SCENARIOS.items():
         if truth == "bounded":

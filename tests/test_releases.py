@@ -1,4 +1,4 @@
-"""service.releases: ordering, range selection, installability. Pure, no I/O."""
+"""engine.releases: ordering, range selection, installability. Pure, no I/O."""
 
 import random
 from datetime import UTC, datetime
@@ -6,7 +6,7 @@ from datetime import UTC, datetime
 import pytest
 from packaging.version import Version
 
-from service.releases import (
+from engine.releases import (
     DistFile,
     RangeError,
     RangeRelease,

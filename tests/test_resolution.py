@@ -1,6 +1,6 @@
 """The resolution policy: as of when a job's other packages are resolved (issue 11).
 
-Unit tests of service/resolution.py, then the real thing: `bisect-cli run` on the fixture
+Unit tests of engine/resolution.py, then the real thing: `bisect-cli run` on the fixture
 with a co-dependency that has a release from before the range and one from after it.
 """
 
@@ -15,10 +15,10 @@ from pathlib import Path
 
 import pytest
 
-from runners.errors import InvalidInput
+from contract.errors import InvalidInput
+from engine.resolution import describe, parse_resolve_at, pins_as_of
 from service.example.fixture import build_fixture, iso_z, pack_wheel
 from service.example.index import serve_index
-from service.resolution import describe, parse_resolve_at, pins_as_of
 
 GOOD = ("1.0.0", datetime(2024, 1, 1, tzinfo=UTC))
 NEWEST = ("1.0.9", datetime(2024, 1, 10, 8, 30, tzinfo=UTC))

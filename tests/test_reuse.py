@@ -19,8 +19,9 @@ from sqlalchemy import text
 from sqlalchemy.engine import Engine
 from sqlmodel import Session, col, select
 
-from runners import earlystop
-from runners.wire import EarlyStop, EnvResult, TrialReport
+from contract import earlystop
+from contract.wire import EarlyStop, EnvResult, TrialReport
+from engine.verdicts import Verdict
 from service import reuse
 from service.api import create_app
 from service.db import get_engine, make_engine, upgrade
@@ -28,12 +29,11 @@ from service.models import Candidate, Job, JobStatus, PinState, Trial, TrialKind
 from service.scheduler import advance
 from service.settings import Settings
 from service.trials import record_report
-from service.verdicts import Verdict
 
 VERSIONS = [f"1.0.{i}" for i in range(10)]
 # One slot: both bounds, binary search stepping over the untestable 1.0.4, confirmation.
 PATH = ["1.0.0", "1.0.9", "1.0.5", "1.0.7", "1.0.6", "1.0.5", "1.0.6"]
-# What runners/earlystop.py's leak rule said when it called an import ramp a leak.
+# What contract/earlystop.py's leak rule said when it called an import ramp a leak.
 RAMP_STOP = "floor grew at least 20 MiB over 2 s at 99.55% confidence (threshold 8 MiB)"
 TABLES = "memory_sample, trial, candidate, job, runner"
 
@@ -267,7 +267,7 @@ def test_a_leak_stopped_early_on_a_short_horizon_is_not_reused(
 
 
 def test_the_cap_rule_words_its_stop_as_reuse_reads_it() -> None:
-    """runners/earlystop.py's cap rule, on a trace that climbs to its cap."""
+    """contract/earlystop.py's cap rule, on a trace that climbs to its cap."""
     t = [i * 0.1 for i in range(200)]
     rss = [(100 + 2 * i) * 1024 * 1024 for i in range(200)]
     es = EarlyStop(horizon_s=None)

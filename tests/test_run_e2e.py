@@ -133,7 +133,7 @@ def test_rows_written(bisection) -> None:
     ).fetchall()
     # Bounds, binary search stepping over the untestable 1.0.4, then the boundary pair again.
     # Every run goes to its end: the good bound's full run gives a horizon of about 2 s,
-    # under runners/earlystop.py's MIN_HORIZON_S, so no run is stopped early for a leak.
+    # under contract/earlystop.py's MIN_HORIZON_S, so no run is stopped early for a leak.
     assert visited == [
         ("1.0.0", "clean", 0, 0),
         ("1.0.9", "leak", 0, 0),

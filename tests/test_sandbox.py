@@ -26,8 +26,8 @@ from pathlib import Path
 import psutil
 import pytest
 
+from contract.errors import InvalidInput
 from runners import limits, sandbox, users
-from runners.errors import InvalidInput
 from runners.executor import Execution, TrialKill, run_script
 from runners.limits import MemoryCap
 from runners.sampler import Sampler

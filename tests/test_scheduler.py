@@ -11,8 +11,9 @@ from sqlalchemy import text
 from sqlalchemy.engine import Engine
 from sqlmodel import Session, col, select
 
+from contract.wire import CommitRange, EnvSpec, TrialSpec
+from engine.verdicts import Verdict
 from runners import commits
-from runners.wire import CommitRange, EnvSpec, TrialSpec
 from service import reuse
 from service.api.maintenance import tick
 from service.db import make_engine, upgrade
@@ -31,7 +32,6 @@ from service.scheduler import advance, cancel, slots_for
 from service.settings import Settings
 from service.specs import trial_spec
 from service.trials import record_report
-from service.verdicts import Verdict
 
 VERSIONS = [f"1.0.{i}" for i in range(10)]
 
@@ -313,7 +313,7 @@ def test_each_job_numbers_its_own_trials_from_one(session: Session) -> None:
     assert [n for _, n in two] == list(range(1, len(two) + 1))
     visited = ["1.0.0", "1.0.9", "1.0.5", "1.0.7", "1.0.6", "1.0.5", "1.0.6"]
     # --attribute: memray on both ends, then (it named no site: `judge` writes no profiles)
-    # tracemalloc on both (runners/attribution.py rule 6).
+    # tracemalloc on both (engine/attribution.py rule 6).
     traced = ["1.0.5", "1.0.6", "1.0.5", "1.0.6"]
     assert [v for v, _ in one] == visited + traced
     kinds = session.exec(select(Trial.kind).where(Trial.job_id == first.id).order_by(col(Trial.id)))

@@ -26,10 +26,10 @@ from click.testing import Result
 from sqlalchemy import text
 from typer.testing import CliRunner
 
+from contract.wire import EnvResult, TrialReport
 from runners.agent import Agent
 from runners.client import ApiClient
 from runners.spool import Spool
-from runners.wire import EnvResult, TrialReport
 from service.cli import app
 from service.db import make_engine
 from service.settings import get_settings

@@ -1,11 +1,11 @@
-"""runners.series.downsample: bounded series that keep floors and spikes (pure, synthetic data)."""
+"""contract.series.downsample: bounded series that keep floors and spikes (pure, synthetic data)."""
 
 import math
 
 import pytest
 
-from runners.series import downsample
-from runners.wire import MAX_REPORT_SAMPLES, Sample
+from contract.series import downsample
+from contract.wire import MAX_REPORT_SAMPLES, Sample
 
 MiB = 2**20
 

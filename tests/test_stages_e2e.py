@@ -15,7 +15,7 @@ from tests.test_run_e2e import EXAMPLE_REPRO, cli
 
 A, B, D = "suite-alpha 0.4.3", "suite-beta 2.0.4", "suite-delta 1.1.1"
 G = "suite-gamma 1.0.5"
-# The mixes ddmin judged, in the order it asked (service/ddmin.py), and their verdicts.
+# The mixes ddmin judged, in the order it asked (engine/ddmin.py), and their verdicts.
 EXPECTED = {
     "one": {
         "message": "leaks when suite-gamma 1.0.0 -> 1.0.5 is applied",
@@ -27,7 +27,7 @@ EXPECTED = {
         ],
         "releases": [("suite-gamma", "1.0.2", "1.0.3")],
         # Its bounds are mixes already judged: only the bisection, the confirmation and the
-        # witness above the first bad (service/planner.py rule 5) run.
+        # witness above the first bad (engine/planner.py rule 5) run.
         "visited": ["1.0.2", "1.0.3", "1.0.2", "1.0.3", "1.0.4"],
     },
     "interaction": {

@@ -1,4 +1,4 @@
-"""The realistic corpus of service.synthetic (issue #23): its shapes, what the classifier
+"""The realistic corpus of engine.synthetic (issue #23): its shapes, what the classifier
 calls them, and that early stopping never stops a bounded one.
 
 Counts over fixed seeds are pinned exactly; docs/benchmarks.md (sections 1 and 8) has
@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 
 from bench.earlystop import replay_corpus
-from runners.floors import judged_part
-from service import synthetic
-from service.analysis import ClassifierSettings, classify_series
+from contract.floors import judged_part
+from engine import synthetic
+from engine.analysis import ClassifierSettings, classify_series
 
 MIB = 1024 * 1024
 BOUNDED = [s for s, truth in synthetic.CORPUS.items() if truth == "bounded"]

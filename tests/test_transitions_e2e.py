@@ -187,7 +187,7 @@ def test_all_transitions_maps_the_range_around_a_release_it_cannot_run(
 ) -> None:
     # Two trials at a time (--jobs 2): the order then depends on which finishes first, but
     # what runs does not: every release once, then both sides of each of the three
-    # transitions once more, 10 + 2 x 3 runs (service/planner.py, rules 3 and 4). 1.0.1
+    # transitions once more, 10 + 2 x 3 runs (engine/planner.py, rules 3 and 4). 1.0.1
     # crashes on import before its first step marker: a skip, run once, stepped around.
     proc, db = bisect(reachable_dir("twice-all"), uv_cache, "1.0.0..1.0.9", twice_index,
                       repro, "--all-transitions", "--jobs", "2")  # fmt: skip

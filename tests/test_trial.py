@@ -18,11 +18,11 @@ from pathlib import Path
 
 import pytest
 
+from contract.wire import MAX_REPORT_SAMPLES, EnvResult, EnvSpec, Sample, TrialSpec
 from runners.executor import Execution
 from runners.publish import owner_key
 from runners.trial import _report, execute_trial
 from runners.users import identities
-from runners.wire import MAX_REPORT_SAMPLES, EnvResult, EnvSpec, Sample, TrialSpec
 
 pytestmark = pytest.mark.timeout(300)
 

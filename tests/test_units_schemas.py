@@ -3,8 +3,8 @@
 import pytest
 from pydantic import ValidationError
 
+from engine.units import parse_size
 from service.schemas import JobCreate
-from service.units import parse_size
 
 
 @pytest.mark.parametrize(

@@ -80,7 +80,7 @@ STATES = {
     "error": dict(status=JobStatus.ERROR, message="the planner failed: boom"),
 }
 # A --from/--to job with --commits as the scheduler stores it (tests/test_stages_e2e.py
-# runs the real thing), and the lines its page shows (service/findings.py).
+# runs the real thing), and the lines its page shows (engine/findings.py).
 SHA = "adedb82cd3a3c9216e1c69a1322f217e98eae938"
 STAGES = dict(
     versions=("1.0", "1.1"),

@@ -1,4 +1,4 @@
-"""resolution policy: the pins are resolved as of an instant (service/resolution.py)
+"""resolution policy: the pins are resolved as of an instant (engine/resolution.py)
 
 Revision ID: 0008
 Revises: 0007

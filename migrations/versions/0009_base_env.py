@@ -1,4 +1,4 @@
-"""base environment: the user's own environment file, held as the job's pins (service/baseenv.py)
+"""base environment: the user's own environment file, held as the job's pins (engine/baseenv.py)
 
 Revision ID: 0009
 Revises: 0008

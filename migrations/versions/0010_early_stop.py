@@ -1,4 +1,4 @@
-"""early stop: a job may turn early stopping of its trials off (runners/earlystop.py)
+"""early stop: a job may turn early stopping of its trials off (contract/earlystop.py)
 
 Revision ID: 0010
 Revises: 0009

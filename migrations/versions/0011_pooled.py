@@ -1,4 +1,4 @@
-"""pooled evidence: a candidate's runs judged together (service/pooled.py), longer-run hints
+"""pooled evidence: a candidate's runs judged together (engine/pooled.py), longer-run hints
 
 Revision ID: 0011
 Revises: 0010

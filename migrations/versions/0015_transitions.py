@@ -1,7 +1,7 @@
 """transitions: issue #23
 
 `Job.all_transitions` (--all-transitions): map every leak/no-leak transition of the range
-instead of the first (service/planner.py). Jobs from before searched for the first one.
+instead of the first (engine/planner.py). Jobs from before searched for the first one.
 
 Revision ID: 0015
 Revises: 0014

@@ -14,7 +14,7 @@ from contextlib import asynccontextmanager
 from fastapi import FastAPI
 from sqlmodel import Session
 
-from runners.wire import API_PREFIX
+from contract.wire import API_PREFIX
 from service import queue
 from service.api import errors
 from service.api.guard import Guard

@@ -1,6 +1,6 @@
 """Errors as HTTP answers, in one place: always `{"detail": "one line"}`.
 
-- `LeakbisectError` kinds (runners/errors.py) map to statuses by `HTTP_STATUS`; a
+- `LeakbisectError` kinds (contract/errors.py) map to statuses by `HTTP_STATUS`; a
   `field` is put in front of the message ("range: version 9.9 ... does not exist").
 - Request validation errors are 422 with every error on one line, each naming its field
   ("memory_limit: '12X' is not a positive size ...; repeats: ...").
@@ -15,7 +15,7 @@ from fastapi import FastAPI, Request, status
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 
-from runners.errors import (
+from contract.errors import (
     Conflict,
     Forbidden,
     InvalidInput,

@@ -20,7 +20,7 @@ import re
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
-from runners.wire import API_PREFIX
+from contract.wire import API_PREFIX
 from service.api.deps import identify
 from service.settings import Settings
 

@@ -19,7 +19,7 @@ from urllib.parse import urlsplit
 
 from packaging.requirements import Requirement
 
-from runners.errors import InvalidInput
+from contract.errors import InvalidInput
 from service.index import FetchPolicy
 from service.options import PYTHON_MINORS, PYTHON_VERSION
 from service.schemas import JobCreate

@@ -1,12 +1,12 @@
 """Wire models of the REST API that only the API uses (shared ones live in
-service/schemas.py and runners/wire.py). Table models never go on the wire."""
+service/schemas.py and contract/wire.py). Table models never go on the wire."""
 
 from datetime import datetime
 from typing import Any
 
 from pydantic import BaseModel
 
-from runners.wire import Sample
+from contract.wire import Sample
 
 
 class JobCreated(BaseModel):

@@ -2,7 +2,7 @@
 
 import typer
 
-from runners.errors import LeakbisectError
+from contract.errors import LeakbisectError
 from service.cli import db, jobs
 from service.cli.errors import exit_status, internal
 from service.cli.run import run

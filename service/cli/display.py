@@ -9,13 +9,13 @@ from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
-from runners.wire import Sample
-from service import findings
-from service.baseenv import FORCED_NOTE
+from contract.wire import Sample
+from engine import findings
+from engine.baseenv import FORCED_NOTE
+from engine.verdicts import Verdict
 from service.models import Candidate, Trial
 from service.report import CandidateRow, Report, transition_line
 from service.text import printable
-from service.verdicts import Verdict
 
 STYLE = {
     "leak": ("L", "bold white on red"),
@@ -243,7 +243,7 @@ def _dependency_diff(console: Console, report: Report) -> None:
 
 
 def _findings(console: Console, report: Report) -> None:
-    """--from/--to, --attribute and --commits, each under its question (service/findings.py)."""
+    """--from/--to, --attribute and --commits, each under its question (engine/findings.py)."""
     for _, title, lines in findings.sections(report, frames=2):
         console.print(f"[bold]{title.lower()}[/]")
         for line in lines:

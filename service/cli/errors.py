@@ -11,7 +11,7 @@ from typing import NoReturn
 
 import typer
 
-from runners.errors import Conflict, Forbidden, InvalidInput, LeakbisectError, NotFound
+from contract.errors import Conflict, Forbidden, InvalidInput, LeakbisectError, NotFound
 from service.options import flag_names
 
 BAD_INPUT = 2

@@ -1,7 +1,7 @@
 """The executor options of `run`, `runner` and `serve`, and the one place executors are made.
 
 ``--executor local`` (the default: trials as sandboxed child processes) or ``docker``
-(every trial in containers of ``--image``: `runners.docker`). `with_executor_options`
+(every trial in containers of ``--image``: `runners.docker.executor`). `with_executor_options`
 adds the flags to a command; the command then calls `make_executor`, which fails in one
 line (exit status of `Unavailable`, `service.cli.errors`) when the engine or the image is
 missing.
@@ -20,11 +20,12 @@ from typing import Annotated, Any, TypeVar
 
 import typer
 
-from runners.docker import DEFAULT_CACHE_VOLUME, DEFAULT_IMAGE, IMAGE_ENV
-from runners.docker_cgroup import DEFAULT_ROOT
-from runners.errors import Unavailable
+from contract.errors import Unavailable
+from contract.executor import Executor
+from runners.docker.cgroup import DEFAULT_ROOT
+from runners.docker.executor import DEFAULT_CACHE_VOLUME, DEFAULT_IMAGE, IMAGE_ENV
 from runners.nvml import GpuProbe
-from runners.trial import Executor, LocalExecutor
+from runners.trial import LocalExecutor
 from service.cli.errors import exit_status, fail
 from service.settings import Settings
 
@@ -134,7 +135,7 @@ def make_executor(settings: Settings, gpu: GpuProbe | None, runner_name: str) ->
     choice = chosen()
     try:
         if choice.kind is ExecutorKind.docker:
-            from runners.docker import DockerExecutor
+            from runners.docker.executor import DockerExecutor
 
             return DockerExecutor.from_env(
                 runner_name=runner_name,

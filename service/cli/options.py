@@ -17,7 +17,7 @@ from pydantic import ValidationError
 from pydantic.fields import FieldInfo
 from sqlalchemy.engine import make_url
 
-from service import baseenv
+from engine import baseenv
 from service.cli.errors import fail, validation_message
 from service.options import cli_of, option_fields
 from service.schemas import JobCreate

@@ -12,12 +12,13 @@ from rich.console import Console
 from sqlalchemy.engine import Engine
 from sqlmodel import Session
 
+from contract.errors import LeakbisectError
+from contract.executor import Executor
 from runners.agent import default_name
 from runners.envs import EnvError, find_python
-from runners.errors import LeakbisectError
+from runners.limits import default_limit_bytes
 from runners.machine import describe_machine
 from runners.nvml import GpuProbe, open_probe
-from runners.trial import Executor
 from service import store
 from service.cli.db import results_database, shown
 from service.cli.display import LineProgress, LiveDisplay, render_report
@@ -125,6 +126,7 @@ def _bisect(session: Session, job: Job, executor: Executor, jobs: int) -> None:
                 executor=executor,
                 progress=display,
                 jobs=jobs,
+                memory_budget=default_limit_bytes() if jobs > 1 else None,
             )
         except KeyboardInterrupt:
             err.print("interrupted: job cancelled")

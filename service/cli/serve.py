@@ -42,10 +42,10 @@ import uvicorn
 from fastapi import FastAPI
 from uvicorn.supervisors import Multiprocess
 
+from contract.wire import API_PREFIX
 from runners.agent import GRACE_S, Agent, default_name, describe_capabilities, stderr_log
 from runners.client import ApiClient, ApiError, ApiUnreachable
 from runners.nvml import open_probe
-from runners.wire import API_PREFIX
 from service.cli.db import results_database, shown
 from service.cli.errors import INTERNAL, fail
 from service.cli.executor import make_executor, with_executor_options

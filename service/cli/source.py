@@ -14,7 +14,7 @@ from typing import Any, Protocol
 from sqlalchemy.exc import SQLAlchemyError
 from sqlmodel import Session
 
-from runners.errors import LeakbisectError
+from contract.errors import LeakbisectError
 from service import store
 from service.cli.db import results_database, shown
 from service.cli.errors import fail, fail_with

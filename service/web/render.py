@@ -19,7 +19,7 @@ from jinja2 import (
     select_autoescape,
 )
 
-from service import findings
+from engine import findings
 from service.report import transition_line
 from service.text import printable
 from service.web import auth
@@ -46,7 +46,7 @@ env = Environment(
 )
 # Outside text (script output, uv's notes) without control characters; escaping follows.
 env.filters["printable"] = lambda text: printable(text or "")
-# The stages beyond the releases, in the reports' own words (service/findings.py).
+# The stages beyond the releases, in the reports' own words (engine/findings.py).
 env.globals["findings"] = lambda public: findings.sections(public, frames=3)
 # A non-monotone range's transitions, in the text report's words (service/report.py).
 env.globals["transition_line"] = transition_line

@@ -22,7 +22,7 @@ from fastapi.responses import (
 from pydantic import ValidationError
 from sqlmodel import Session
 
-from runners.errors import Conflict, Forbidden, InvalidInput, LeakbisectError
+from contract.errors import Conflict, Forbidden, InvalidInput, LeakbisectError
 from service import store
 from service.api.deps import Caller
 from service.api.errors import http_status

@@ -1,7 +1,7 @@
 """What the templates show, computed from the stored rows and the typed report.
 
 Pure reads: `service.store` for rows, `service.report` (through the API's `job_public`)
-for the answer, `runners.series.downsample` for the curves. Templates get plain values and
+for the answer, `contract.series.downsample` for the curves. Templates get plain values and
 never touch the database.
 """
 
@@ -14,8 +14,8 @@ from sqlalchemy import case, func
 from sqlalchemy.engine import Engine
 from sqlmodel import Session, col, select
 
-from runners.envs import freeze_diff
-from runners.series import downsample
+from contract.envargs import freeze_diff
+from contract.series import downsample
 from service.models import Candidate, Job, MemorySample, Trial, TrialKind, TrialStatus
 from service.report import JobPublic
 from service.text import printable
@@ -226,7 +226,7 @@ def freeze_changes(
 
 
 class Point(NamedTuple):
-    """One stored sample, as `runners.series.downsample` reads it (attributes)."""
+    """One stored sample, as `contract.series.downsample` reads it (attributes)."""
 
     t: float
     rss: int

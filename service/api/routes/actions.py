@@ -21,7 +21,7 @@ from fastapi.responses import PlainTextResponse
 from pydantic import BaseModel, Field
 from sqlmodel import Session
 
-from runners.errors import Forbidden, InvalidInput
+from contract.errors import Forbidden, InvalidInput
 from service import store
 from service.api import policy
 from service.api.deps import Caller, ReaderDep, SessionDep, SettingsDep, WriterDep

@@ -8,8 +8,8 @@ from fastapi import APIRouter, Header, Query, Request, Response, status
 from sqlalchemy.exc import IntegrityError
 from sqlmodel import Session
 
-from runners.errors import Conflict, Forbidden, InvalidInput
-from runners.wire import API_PREFIX, IDEMPOTENCY_HEADER
+from contract.errors import Conflict, Forbidden, InvalidInput
+from contract.wire import API_PREFIX, IDEMPOTENCY_HEADER
 from service import store
 from service.api import policy
 from service.api.deps import Caller, ReaderDep, SessionDep, SettingsDep, WriterDep

@@ -24,8 +24,8 @@ from fastapi.concurrency import run_in_threadpool
 from sqlalchemy.engine import Engine
 from sqlmodel import Session
 
-from runners.errors import Forbidden, InvalidInput, NotFound
-from runners.wire import (
+from contract.errors import Forbidden, InvalidInput, NotFound
+from contract.wire import (
     RUNNER_SECRET_HEADER,
     Heartbeat,
     HeartbeatAck,

@@ -8,8 +8,8 @@ from typing import Annotated
 from fastapi import APIRouter, Query
 from sqlmodel import Session
 
-from runners.series import downsample
-from runners.wire import MAX_REPORT_SAMPLES, Sample
+from contract.series import downsample
+from contract.wire import MAX_REPORT_SAMPLES, Sample
 from service import store
 from service.api.deps import Caller, ReaderDep, SessionDep
 from service.api.schemas import TrialPublic, TrialSamples
@@ -57,7 +57,7 @@ def get_trial_samples(
 ) -> TrialSamples:
     """The trial's memory series (bytes; `None` where the source did not say), in time order:
     `limit` samples from `offset` (a report holds at most MAX_REPORT_SAMPLES, so the default
-    page is all of them), downsampled to `max_points` when given (runners/series.py: the
+    page is all of them), downsampled to `max_points` when given (contract/series.py: the
     minimum and maximum of each time bucket, so floors and spikes survive). `total` counts
     all of the trial's samples."""
     readable_trial(session, trial_id, caller)

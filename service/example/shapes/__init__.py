@@ -9,8 +9,8 @@ stops growing however it wiggles, a leak shape's grows for as long as the script
 
 `run_shape(shape, work)` runs one the way a runner does (`runners.executor.run_script`:
 a child process under the sampler and a memory cap), judges it with the classifier
-(`service.analysis.classify_run`, default settings) and replays early stopping over the
-trace (`runners.earlystop.first_stop`) with the settings the service would send a later
+(`engine.analysis.classify_run`, default settings) and replays early stopping over the
+trace (`contract.earlystop.first_stop`) with the settings the service would send a later
 trial of a job whose first full run was this one (`service.specs.early_stop`), and once
 more with the short-horizon bound lifted, to see what the leak rule itself would do.
 tests/test_shapes.py pins the verdicts; bench/neighbours.py measures them on a loaded
@@ -25,10 +25,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import SimpleNamespace
 
-from runners.earlystop import EarlyStopper, first_stop, replay
+from contract.earlystop import EarlyStopper, first_stop, replay
+from contract.wire import EarlyStop
+from engine.analysis import classify_run
 from runners.executor import run_script
-from runners.wire import EarlyStop
-from service.analysis import classify_run
 from service.models import Trial, TrialKind, TrialStatus
 from service.specs import early_stop
 

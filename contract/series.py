@@ -1,7 +1,7 @@
 """Bounded memory series: downsampling that keeps what the classifier and a reader need.
 
 A trial samples at 10-50 Hz; an hour-long run is 36,000+ samples and a report carries at
-most `runners.wire.MAX_REPORT_SAMPLES`. Averaging would hide exactly what matters: the
+most `contract.wire.MAX_REPORT_SAMPLES`. Averaging would hide exactly what matters: the
 classifier judges the *floor* of the curve (a leak raises it) against its spikes (a
 checkpoint raises the ceiling only). So `downsample` cuts the run into equal time buckets
 and keeps, from each bucket, the samples holding the minimum and the maximum of each
@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from runners.wire import Sample
+from contract.wire import Sample
 
 
 def _series(samples: Sequence[Sample]) -> list[str]:

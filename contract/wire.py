@@ -18,7 +18,7 @@ RUNNER_SECRET_HEADER = "X-Runner-Secret"
 # The header a client names a submission with, so that a retried POST /jobs is not a new job.
 IDEMPOTENCY_HEADER = "Idempotency-Key"
 # A report carries at most this many samples; a longer trial is downsampled on the runner
-# (`runners.series.downsample`: min and max of each bucket, so floors and spikes survive).
+# (`contract.series.downsample`: min and max of each bucket, so floors and spikes survive).
 MAX_REPORT_SAMPLES = 20_000
 # Bytes no single sample can exceed (1 PiB): anything larger is a broken or forged report.
 MAX_SAMPLE_BYTES = 1 << 50
@@ -33,7 +33,7 @@ MAX_SAMPLE_BYTES = 1 << 50
 # no script runs and nothing is built.
 TrialKind = Literal["run", "resolve", "attribute", "commits"]
 # The allocation tracers of an attribute trial, cheaper first: native and Python stacks
-# (memray), or Python stacks only (tracemalloc; runners/attribution.py rule 6).
+# (memray), or Python stacks only (tracemalloc; engine/attribution.py rule 6).
 Tracer = Literal["memray", "tracemalloc"]
 TRACERS: tuple[Tracer, ...] = get_args(Tracer)
 
@@ -112,9 +112,9 @@ class Sample(BaseModel):
 
 
 class EarlyStop(BaseModel):
-    """How a trial may end early (runners/earlystop.py has the rules).
+    """How a trial may end early (contract/earlystop.py has the rules).
 
-    The thresholds are the job's classifier settings (service/analysis.py
+    The thresholds are the job's classifier settings (engine/analysis.py
     `ClassifierSettings`, same names and defaults); the horizon is the longest run of
     the job that went to its end (service/specs.py `horizon`), None while there is none.
     """
@@ -148,7 +148,7 @@ class EarlyStop(BaseModel):
 
 class TraceStop(BaseModel):
     """When an attribute trial's traced run ends before its script does
-    (runners/attribution.py rules 7 and 8; runners/tracehelper.py stops it): after
+    (engine/attribution.py rules 7 and 8; runners/tracehelper.py stops it): after
     `markers` step markers (enough for the comparison), or `seconds` after it started
     (its budget); None: no such limit."""
 
@@ -184,7 +184,7 @@ class TrialSpec(BaseModel):
 
 
 class EarlyStopRecord(BaseModel):
-    """What the early-stop rule had to go on in one run trial (runners/earlystop.py): the
+    """What the early-stop rule had to go on in one run trial (contract/earlystop.py): the
     horizon it was sent and how many leak looks it actually tested. The service stores it
     as the trial's analysis["early_stop"]; verdict reuse reads it (service/reuse.py)."""
 
@@ -214,11 +214,11 @@ class TrialReport(BaseModel):
     error: str | None = Field(default=None, max_length=16 * 1024)
     # Resolve trials: the pins of the resolution (None for run trials, or when it failed).
     pins: list[str] | None = Field(default=None, max_length=5000)
-    # Why the runner ended the trial early (runners/earlystop.py); None: it ran to its end.
+    # Why the runner ended the trial early (contract/earlystop.py); None: it ran to its end.
     stopped_early: str | None = Field(default=None, max_length=2000)
     # The early-stop rule's horizon and looks in this run (None: it had no early-stop settings).
     early_stop: EarlyStopRecord | None = None
-    # Attribute trials: the tracer's per-stack profile (runners/attribution.py `Profile`).
+    # Attribute trials: the tracer's per-stack profile (engine/attribution.py `Profile`).
     attribution: dict[str, Any] | None = None
     # Commits trials: the listed commits, oldest first (None when listing failed: `error`).
     commits: list[CommitInfo] | None = Field(default=None, max_length=MAX_REPORT_COMMITS)

@@ -52,7 +52,7 @@ SCENARIOS: dict[str, str] = {
 }
 
 # The verdict a correct classifier gives each scenario at its default parameters and a
-# long enough run: 2 minutes, 20 for slow_leak (service.analysis documents why).
+# long enough run: 2 minutes, 20 for slow_leak (engine.analysis documents why).
 EXPECTED_VERDICT: dict[str, str] = {
     "flat": "clean",
     "spikes": "clean",

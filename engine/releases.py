@@ -30,7 +30,7 @@ from packaging.utils import (
 )
 from packaging.version import InvalidVersion, Version
 
-from runners.errors import InvalidInput
+from contract.errors import InvalidInput
 
 
 class RangeError(InvalidInput):

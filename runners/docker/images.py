@@ -1,6 +1,6 @@
 """Build the runner and API images with the docker SDK (no docker CLI needed).
 
-    uv run python -m runners.docker_images [--base TAG] [--only runner|api] [--force]
+    uv run python -m runners.docker.images [--base TAG] [--only runner|api] [--force]
 
 The build context is the project (pyproject.toml, uv.lock, README.md, runners/, service/,
 migrations/, dockerfiles/) plus, when ``SSL_CERT_FILE`` names a file, that CA bundle as

@@ -1,5 +1,5 @@
 """The judged part of a run and its block floors: the one definition the classifier
-(service/analysis.py) and the early-stop rule (runners/earlystop.py) share. Pure.
+(engine/analysis.py) and the early-stop rule (contract/earlystop.py) share. Pure.
 
 The judged part (`judged_part`), in this order:
 

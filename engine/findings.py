@@ -97,7 +97,7 @@ def attribution_lines(attribution: dict[str, Any] | None, *, frames: int = 0) ->
         seconds = found.get("seconds") or {}
         took = ", ".join(f"{k} {v:.1f} s" for k, v in seconds.items() if v is not None)
         head = f"{tracer}{f' ({took})' if took else ''}"
-        # What it found, then how its runs ended (runners/attribution.py rule 9).
+        # What it found, then how its runs ended (engine/attribution.py rule 9).
         said = [str(found[k]) for k in ("note", "cut_short", "stopped") if found.get(k)]
         lines.append(f"{head}: {'; '.join(said)}" if said else head)
         for stack in found.get("stacks", []):

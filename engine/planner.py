@@ -85,7 +85,7 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Literal
 
-from service.verdicts import Verdict
+from engine.verdicts import Verdict
 
 Status = Literal["found", "bounds_failed", "inconclusive", "error"]
 

@@ -36,7 +36,7 @@ from packaging.requirements import InvalidRequirement, Requirement
 from packaging.utils import canonicalize_name
 from packaging.version import InvalidVersion, Version
 
-from runners.errors import InvalidInput
+from contract.errors import InvalidInput
 
 FIELD = "base_env"
 MAX_BYTES = 1024 * 1024

@@ -2,13 +2,13 @@
 
 A trial is two containers of the runner image, both labelled with the runner and the trial:
 
-* **build** (``network_mode="host"``): ``python -m runners.docker_entry build|resolve``
+* **build** (``network_mode="host"``): ``python -m runners.docker.entry build|resolve``
   as the build user builds the candidate's environment with uv into the shared cache
   volume (``UV_CACHE_DIR``), or resolves its pins. Environments live in the cache volume
   (``/var/cache/leakbisect/envs``, so uv hard-links from its cache) unless an env volume
   is given (mounted at ``/envs``; ``UV_LINK_MODE=copy``, hard links cannot cross mounts).
 * **run** (``network_mode="none"``, ``UV_OFFLINE=1``): the repro as the trial user under
-  `runners.docker_entry`'s ``run``, with ``cap_drop=["ALL"]``, ``no-new-privileges``,
+  `runners.docker.entry`'s ``run``, with ``cap_drop=["ALL"]``, ``no-new-privileges``,
   ``pids_limit``, a read-only root (the script, its HOME and TMPDIR in a per-trial
   anonymous volume at ``/trial``; ``/tmp`` a small tmpfs), the volumes read-only, and the
   job's memory cap as ``mem_limit`` with ``memswap_limit`` equal to it (no swap to hide a
@@ -29,10 +29,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from contract.wire import CommitRange, EnvSpec
 from runners.limits import DEFAULT_PIDS_LIMIT
 from runners.publish import owner_key
 from runners.sandbox import DEFAULT_PATH, allowed_env
-from runners.wire import CommitRange, EnvSpec
 
 BUILD_UID = 10001  # leakbisect-build in runner.Dockerfile
 TRIAL_UID = 10002  # leakbisect-trial
@@ -137,7 +137,7 @@ def build_kwargs(
         environment["UV_LINK_MODE"] = "copy"
     mode = kind if kind in ("resolve", "commits") else "build"
     payload = commit_range if kind == "commits" and commit_range is not None else env
-    command = [ENTRY_PYTHON, "-m", "runners.docker_entry", mode, settings.env_root,
+    command = [ENTRY_PYTHON, "-m", "runners.docker.entry", mode, settings.env_root,
                payload.model_dump_json()]  # fmt: skip
     return {
         "image": settings.image,
@@ -190,7 +190,7 @@ def run_kwargs(
     from docker.types import DeviceRequest, Mount
 
     script = f"{WORK}/{script_name}"
-    command = [ENTRY_PYTHON, "-m", "runners.docker_entry", "run", python, script]
+    command = [ENTRY_PYTHON, "-m", "runners.docker.entry", "run", python, script]
     kwargs: dict[str, Any] = {
         "image": settings.image,
         "command": [*command, tracer, *stop] if tracer else command,
@@ -211,7 +211,7 @@ def run_kwargs(
 
 
 def parse_result(logs: str) -> dict[str, Any] | None:
-    """The JSON object `runners.docker_entry` prints as its last stdout line, or None."""
+    """The JSON object `runners.docker.entry` prints as its last stdout line, or None."""
     for line in reversed(logs.strip().splitlines()):
         line = line.strip()
         if line.startswith("{"):

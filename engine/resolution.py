@@ -21,12 +21,12 @@ Rules, in order:
 
 Where the pins do not fit a candidate, that candidate is resolved freely and its row
 says so (runners/envs.py). `--base-env FILE` replaces this policy: the user's file is the
-pins, and it is refused together with `--as-released` or `--resolve-at` (service/baseenv.py).
+pins, and it is refused together with `--as-released` or `--resolve-at` (engine/baseenv.py).
 """
 
 from datetime import UTC, date, datetime, time, timedelta
 
-from runners.errors import InvalidInput
+from contract.errors import InvalidInput
 
 LATEST = "latest"
 

@@ -27,7 +27,7 @@ Rules, in code order:
 5. tracemalloc sees only allocations made through Python's allocators. When the first bad
    run's RSS grew and the counted stacks explain less than `NATIVE_SHARE` of it, the
    finding says the rest is "native, not visible to tracemalloc".
-6. The cheaper tracer goes first (`runners.wire.TRACERS`: memray, then tracemalloc).
+6. The cheaper tracer goes first (`contract.wire.TRACERS`: memray, then tracemalloc).
    tracemalloc runs only when memray named no site (it did not install, wrote no
    profile, or no stack grew): memray's hybrid stacks hold the same Python frames
    tracemalloc records (file, line, function) and the native ones below them, and on
@@ -68,7 +68,7 @@ from typing import Any
 
 from packaging.utils import canonicalize_name
 
-from runners.wire import TRACERS, TraceStop
+from contract.wire import TRACERS, TraceStop
 
 MIB = 1024 * 1024
 WARMUP_FRACTION = 1 / 3

@@ -2,12 +2,12 @@
 
 `watch` is called with a started container. Two threads follow its stdout (step markers,
 via `runners.executor`'s output reader, so markers and tails work exactly as for the
-subprocess executor) and stderr (where `runners.docker_entry` reports the script's exit);
-the calling thread samples the container's cgroup (`runners.docker_cgroup`) at the
+subprocess executor) and stderr (where `runners.docker.entry` reports the script's exit);
+the calling thread samples the container's cgroup (`runners.docker.cgroup`) at the
 trial's rate (50 per second for the first 30 s, as `runners.sampler`), and the GPU from
 the agent's own NVML view by the cgroup's host PIDs. It stops at the exit report, when
 the container dies on its own, at the timeout, when killed, or when the trial's early-stop
-rule fires (the run's `runners.earlystop.EarlyStopper`, looking every `look_every_s` at the
+rule fires (the run's `contract.earlystop.EarlyStopper`, looking every `look_every_s` at the
 samples so far, as the subprocess executor does; the execution records its horizon and
 looks), then reads the counters once more (the cgroup still exists: the entry holds the
 container open).
@@ -25,12 +25,12 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from runners.docker_cgroup import ContainerCgroup, Counters, find
-from runners.docker_entry import EXIT_MARKER
-from runners.earlystop import EarlyStopper, seen_by_samples
+from contract.earlystop import EarlyStopper, seen_by_samples
+from contract.wire import EarlyStop, Sample
+from runners.docker.cgroup import ContainerCgroup, Counters, find
+from runners.docker.entry import EXIT_MARKER
 from runners.executor import Execution, _Output
 from runners.nvml import GpuProbe
-from runners.wire import EarlyStop, Sample
 
 FAST_HZ = 50.0
 FAST_S = 30.0

@@ -1,13 +1,13 @@
 """The Docker executor: every trial in containers of the runner image (docker SDK).
 
 Same interface as the local executor (`runners.trial.Executor`). Per trial
-(`runners.docker_spec` has the exact container settings):
+(`runners.docker.spec` has the exact container settings):
 
 1. a **build** container (host network, the owner's uv cache volume) builds or reuses the
-   candidate's environment with `runners.docker_entry`, or resolves its pins;
+   candidate's environment with `runners.docker.entry`, or resolves its pins;
 2. a **run** container (no network, unprivileged, no capabilities, pids limit, read-only
    root, ``mem_limit`` = ``memswap_limit`` = the job's cap) runs the script, which is put
-   into its per-trial volume before it starts; `runners.docker_watch` samples its cgroup
+   into its per-trial volume before it starts; `runners.docker.watch` samples its cgroup
    and reads the verdict of the kernel's OOM killer before the container goes.
 
 A ``"commits"`` trial only has the build container, which lists the commits
@@ -39,9 +39,12 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from contract.errors import InvalidInput, Unavailable
+from contract.executor import Kill
+from contract.wire import EnvResult, EnvSpec, Sample, TrialReport, TrialSpec
 from runners import commits, tracing
-from runners.docker_cgroup import DEFAULT_ROOT
-from runners.docker_spec import (
+from runners.docker.cgroup import DEFAULT_ROOT
+from runners.docker.spec import (
     LABEL_RUNNER,
     TRIAL_UID,
     WORK,
@@ -50,20 +53,18 @@ from runners.docker_spec import (
     parse_result,
     run_kwargs,
 )
-from runners.docker_watch import Watch, WatchArgs, watch
+from runners.docker.watch import Watch, WatchArgs, watch
 from runners.envs import INSTALL_TIMEOUT_S
-from runners.errors import InvalidInput, Unavailable
 from runners.executor import Execution
 from runners.limits import default_limit_bytes
 from runners.nvml import GpuProbe
 from runners.sandbox import check_variables
-from runners.trial import Kill, _report
-from runners.wire import EnvResult, EnvSpec, Sample, TrialReport, TrialSpec
+from runners.trial import _report
 
 DEFAULT_IMAGE = "leakbisect-runner:latest"
 IMAGE_ENV = "BISECT_RUNNER_IMAGE"
 DEFAULT_CACHE_VOLUME = "leakbisect-cache"
-BUILD_HINT = "build it with dockerfiles/build-base.sh && uv run python -m runners.docker_images"
+BUILD_HINT = "build it with dockerfiles/build-base.sh && uv run python -m runners.docker.images"
 LOCAL_CLONE = ("--repo: a local clone is not visible in the runner's containers; use "
                "--executor local, or serve it over http(s)")  # fmt: skip
 # The tar around a profile copied out of a container: its headers and padding.

@@ -9,7 +9,7 @@ runs a trend. What separates a leak from everything else is the *floor* of
 the curve: a leak raises it, a checkpoint spike or a GC sawtooth only moves
 the ceiling. So, per series (host and GPU separately):
 
-1. Keep the judged part (runners/floors.py `judged_part`, the one definition
+1. Keep the judged part (contract/floors.py `judged_part`, the one definition
    the early-stop rule shares): when the script prints step markers, never what
    comes before the first marker (set-up: imports, model and data loading) nor
    the teardown after the last; then drop the first
@@ -49,7 +49,7 @@ Verdicts, checked in this order:
 - INCONCLUSIVE otherwise: too noisy for the run's length; run longer or again.
 
 Consequences (pinned by tests/test_analysis.py; rates measured on
-service.synthetic traces with its default 3 MiB AR(1) noise, 2 s correlation):
+engine.synthetic traces with its default 3 MiB AR(1) noise, 2 s correlation):
 
 - A one-off step up (`late_step`) followed by at least the last third of the
   judged window flat is PLATEAU: the floor rose once and stayed. A step closer
@@ -60,7 +60,7 @@ service.synthetic traces with its default 3 MiB AR(1) noise, 2 s correlation):
 - Run length. Without step markers the late slope of a 60 s run is uncertain
   by about +-13 MiB over the window, so leaks near the threshold and small
   plateaus come out INCONCLUSIVE more often there; from about 2 minutes the
-  scenarios in service.synthetic are called correctly in >= 96 % of seeds.
+  scenarios in engine.synthetic are called correctly in >= 96 % of seeds.
 - Minimum run length for a slow leak: a leak of r x baseline per minute needs
   a judged window of min_growth_fraction / r minutes just to reach T. For the
   slow leak of the brief (0.5 %/min) that is 10 minutes judged, 12.5 minutes of
@@ -77,8 +77,8 @@ from typing import Any
 
 import numpy as np
 
-from runners.floors import block_floors, judged_part, largest_drop, step_index, step_ratio
-from service.verdicts import Verdict
+from contract.floors import block_floors, judged_part, largest_drop, step_index, step_ratio
+from engine.verdicts import Verdict
 
 MIB = 1024 * 1024
 SKIP_EXIT_CODE = 125  # git bisect's "cannot test this revision"
@@ -284,7 +284,7 @@ def _floors(
     x: np.ndarray, v: np.ndarray, n_blocks: int, settings: ClassifierSettings
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Equal-width blocks over x: each usable block's position, floor and wide floor
-    (runners/floors.py, shared with the early-stop rule)."""
+    (contract/floors.py, shared with the early-stop rule)."""
     return block_floors(x, v, n_blocks, settings.min_block_samples, settings.floor_percentile)
 
 

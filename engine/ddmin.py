@@ -1,6 +1,6 @@
 """Which dependency: the smallest set of package changes that makes the good environment leak.
 
-Pure, like service/planner.py: the scheduler hands `step` every mix judged so far and gets
+Pure, like engine/planner.py: the scheduler hands `step` every mix judged so far and gets
 back what to test next, or the answer, so the local loop and the service walk the same path
 and tests can pin the exact mixes a search visits.
 

@@ -1,10 +1,10 @@
 """What runs inside a trial's containers (the Docker executor's side of the wall).
 
-    python -m runners.docker_entry build ENV_ROOT SPEC_JSON     (build phase, host network)
-    python -m runners.docker_entry resolve ENV_ROOT SPEC_JSON   (build phase)
-    python -m runners.docker_entry commits ENV_ROOT RANGE_JSON  (build phase, host network)
-    python -m runners.docker_entry run PYTHON SCRIPT            (run phase, no network)
-    python -m runners.docker_entry run PYTHON SCRIPT TRACER [MARKERS SECONDS]
+    python -m runners.docker.entry build ENV_ROOT SPEC_JSON     (build phase, host network)
+    python -m runners.docker.entry resolve ENV_ROOT SPEC_JSON   (build phase)
+    python -m runners.docker.entry commits ENV_ROOT RANGE_JSON  (build phase, host network)
+    python -m runners.docker.entry run PYTHON SCRIPT            (run phase, no network)
+    python -m runners.docker.entry run PYTHON SCRIPT TRACER [MARKERS SECONDS]
                                                                 (run phase, attribute trial)
 
 ``build`` builds (or reuses) the candidate's environment under ENV_ROOT with uv
@@ -38,19 +38,19 @@ from pathlib import Path
 
 EXIT_MARKER = "::leakbisect-exit::"
 HOLD_S = 30.0
-# `runners.wire.TRACERS`, spelled out: the run phase stays off pydantic until it traces.
+# `contract.wire.TRACERS`, spelled out: the run phase stays off pydantic until it traces.
 TRACERS = ("memray", "tracemalloc")
 
 
 def _build(kind: str, env_root: str, spec_json: str) -> int:
-    from runners.docker_spec import UV_CACHE
+    from contract.wire import EnvResult, EnvSpec
+    from runners.docker.spec import UV_CACHE
     from runners.envs import EnvError, build_env, resolve_pins
-    from runners.wire import EnvResult, EnvSpec
 
     if kind == "commits":  # list them into the cache volume's clones (runners/commits.py)
+        from contract.wire import CommitRange
         from runners import commits
-        from runners.docker_spec import GIT_CACHE
-        from runners.wire import CommitRange
+        from runners.docker.spec import GIT_CACHE
 
         answer = commits.answer(CommitRange.model_validate_json(spec_json), Path(GIT_CACHE))
         print(json.dumps(answer), flush=True)

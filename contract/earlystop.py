@@ -1,13 +1,13 @@
 """Early stopping: end a trial as soon as its verdict can no longer change.
 
-Pure: samples, step markers and an `EarlyStop` (runners/wire.py) in, None or a one-line
+Pure: samples, step markers and an `EarlyStop` (contract/wire.py) in, None or a one-line
 reason out; no I/O, no clock. An `EarlyStopper` holds one trial's looks: both watch loops
-(runners/executor.py, runners/docker_watch.py) call its `look` every `look_every_s` over
+(runners/executor.py, runners/docker/watch.py) call its `look` every `look_every_s` over
 the samples and the markers they reach (`seen_by_samples`), and `replay` takes the same
 looks over a finished trace (tests, the bench), so the same arithmetic runs live and in
 replay. Its `record` (horizon and looks tested) is what the runner reports.
 
-What a look judges is the judged part of runners/floors.py, the classifier's own: never
+What a look judges is the judged part of contract/floors.py, the classifier's own: never
 what comes before the first step marker. When the job's runs print markers (the horizon
 knows steps) a look judges by steps only, never by seconds.
 
@@ -25,7 +25,7 @@ Rules, in this order:
 3. No leak look before `min_fraction` of the horizon's steps are printed: the run's own
    progress, so a run slowed by a loaded machine is judged on the work it did, not on
    the clock (nothing here assumes the horizon's pace).
-4. The judged part by steps only (runners/floors.py `judged_part`, `steps_only`): set-up
+4. The judged part by steps only (contract/floors.py `judged_part`, `steps_only`): set-up
    before the first marker, teardown and warm-up steps dropped; fewer than `min_blocks`
    usable blocks (so fewer than min_blocks judged steps): no look.
 5. At most m = `max_looks()` leak looks, the looks a run at the horizon's pace takes
@@ -52,7 +52,7 @@ candidates therefore always run to the end.
 
 Why never by seconds (rule 2): without markers a look cannot tell how far a run has got,
 and a loaded machine stretches everything. Replayed on the nine bounded shapes of the
-service.synthetic corpus without markers (seeds 0..39 each, horizon 120 s, looks every
+engine.synthetic corpus without markers (seeds 0..39 each, horizon 120 s, looks every
 5 s), this rule judging seconds instead (warm-up at least 20 % of the horizon) stopped no
 run at the horizon's pace, but 9 of 360 slowed 2x (a memory-mapped file still being read
 at half the horizon) and 73 of 360 slowed 3x; at a 60 s horizon 48 and 153 of 360.
@@ -84,8 +84,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from runners.floors import Judged, block_floors, judged_part, largest_drop, steps_done
-from runners.wire import EarlyStop, EarlyStopRecord
+from contract.floors import Judged, block_floors, judged_part, largest_drop, steps_done
+from contract.wire import EarlyStop, EarlyStopRecord
 
 MIB = 1024 * 1024
 MIN_HORIZON_S = 60.0
@@ -106,7 +106,7 @@ def _threshold(es: EarlyStop, baseline: float) -> float:
 def _part(
     t: np.ndarray, v: np.ndarray, steps: Sequence[tuple[float, int]], es: EarlyStop
 ) -> Judged | None:
-    """The judged part (runners/floors.py): by steps only when the job's runs print
+    """The judged part (contract/floors.py): by steps only when the job's runs print
     markers; by seconds otherwise, the warm-up at least what a whole run would drop."""
     return judged_part(
         t, v, steps, es, steps_only=es.horizon_steps is not None, full_span=es.horizon_s or 0.0

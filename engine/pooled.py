@@ -1,6 +1,6 @@
 """Pooled evidence: the runs of one candidate judged together before any vote.
 
-Pure, like service/analysis.py, whose per-run numbers it reads: each run's analysis
+Pure, like engine/analysis.py, whose per-run numbers it reads: each run's analysis
 (`RunAnalysis.to_dict()`, stored on its trial) already holds, per series, the block
 floors and the Theil-Sen fit of them, so pooling costs microseconds and never has
 to reload a run's samples.
@@ -78,7 +78,7 @@ leaks, else INCONCLUSIVE, PLATEAU, CLEAN). The candidate's verdict, `classify_ru
   has to say LEAK (measured: that single-run LEAK is how noisy flat runs came out
   LEAK by vote).
 
-Rates on service.synthetic traces: bench/classifier.py, "pooled runs" table.
+Rates on engine.synthetic traces: bench/classifier.py, "pooled runs" table.
 """
 
 from __future__ import annotations
@@ -89,8 +89,8 @@ from dataclasses import dataclass
 from statistics import NormalDist
 from typing import Any
 
-from service.analysis import ClassifierSettings, _fmt, aggregate
-from service.verdicts import Verdict
+from engine.analysis import ClassifierSettings, _fmt, aggregate
+from engine.verdicts import Verdict
 
 RUN_VERDICTS = (Verdict.LEAK, Verdict.CLEAN, Verdict.PLATEAU, Verdict.INCONCLUSIVE)
 
@@ -171,7 +171,7 @@ def _meta(est: Sequence[float], se: Sequence[float]) -> tuple[float, float, floa
 
 
 def _rise_rate(series: dict[str, Any], s: ClassifierSettings) -> float:
-    """The steady rate that would have produced the run's rise (as service/analysis.py)."""
+    """The steady rate that would have produced the run's rise (as engine/analysis.py)."""
     fx = series["floor_x"]
     n_late = min(len(fx), max(s.late_min_blocks, math.ceil(s.late_fraction * len(fx))))
     late_x = sorted(fx[-n_late:])
