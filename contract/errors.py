@@ -3,7 +3,7 @@
 Every error meant for a user derives from `LeakbisectError`; its ``str`` is one line, and
 ``field`` names the input to blame when there is one ("range", "index_url", ...). The kind
 says what went wrong, and one table in each front end turns kinds into statuses:
-HTTP in `service.api.errors`, exit statuses in `service.cli.errors`. Code raises the
+HTTP in `service.http.errors`, exit statuses in `service.cli.errors`. Code raises the
 kind that fits and never picks a status itself.
 
 It lives in `runners` because the runners raise these too and must not import the service.

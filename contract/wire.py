@@ -7,6 +7,7 @@ database, so runners can import it without the service's storage.
 
 import math
 from datetime import datetime
+from enum import StrEnum
 from typing import Any, Literal, Self, get_args
 
 from pydantic import BaseModel, Field, model_validator
@@ -23,15 +24,22 @@ MAX_REPORT_SAMPLES = 20_000
 # Bytes no single sample can exceed (1 PiB): anything larger is a broken or forged report.
 MAX_SAMPLE_BYTES = 1 << 50
 
-# "run": build the candidate's environment and run the script under the sampler.
-# "resolve": only resolve the candidate's requirements (`uv pip compile`) and report the pins
-# every other candidate is then held at; resolution may build sdists, so it runs on a runner.
-# "attribute": run the script once more under an allocation tracer (`TrialSpec.trace`) and
-# report per-stack growth (`TrialReport.attribution`); never judged, never a verdict.
-# "commits": list the commits between two release tags of a repository
-# (`TrialSpec.commit_range`, runners/commits.py) and report them (`TrialReport.commits`);
-# no script runs and nothing is built.
-TrialKind = Literal["run", "resolve", "attribute", "commits"]
+class TrialKind(StrEnum):
+    """What a trial does on its runner: the one definition (the service's table stores it,
+    the spec carries it; service/kinds.py and runners/kinds.py each hold one handler per
+    kind)."""
+
+    # Build the candidate's environment and run the script under the sampler.
+    RUN = "run"
+    # Only resolve the candidate's requirements (`uv pip compile`) and report the pins every
+    # other candidate is then held at; resolution may build sdists, so it runs on a runner.
+    RESOLVE = "resolve"
+    # Run the script once more under an allocation tracer (`TrialSpec.trace`) and report
+    # per-stack growth (`TrialReport.attribution`); never judged, never a verdict.
+    ATTRIBUTE = "attribute"
+    # List the commits between two release tags of a repository (`TrialSpec.commit_range`,
+    # runners/commits.py) and report them (`TrialReport.commits`); nothing runs or builds.
+    COMMITS = "commits"
 # The allocation tracers of an attribute trial, cheaper first: native and Python stacks
 # (memray), or Python stacks only (tracemalloc; engine/attribution.py rule 6).
 Tracer = Literal["memray", "tracemalloc"]
@@ -159,7 +167,7 @@ class TraceStop(BaseModel):
 class TrialSpec(BaseModel):
     trial_id: int
     attempt: int = 1
-    kind: TrialKind = "run"
+    kind: TrialKind = TrialKind.RUN
     env: EnvSpec
     script: str
     script_name: str = "repro.py"

@@ -87,7 +87,7 @@ def create_job(
     """List the range's releases and store the job with its candidates (committed).
 
     `local`: made by `bisect-cli run`, whose process runs it (see service/queue.py);
-    `fetch`: what reading the indexes may reach (the API's is strict: service/api/policy.py);
+    `fetch`: what reading the indexes may reach (the API's is strict: service/policy.py);
     `idempotency`: the submission's digest, unique (a duplicate raises IntegrityError at the
     insert, before any candidate is written).
     """

@@ -13,6 +13,7 @@ from typing import Any
 from sqlalchemy import JSON, BigInteger, Column, Index, Text, UniqueConstraint
 from sqlmodel import Field, SQLModel
 
+from contract.wire import TrialKind
 from service.options import JobOptions
 
 
@@ -32,15 +33,6 @@ class JobStatus(StrEnum):
     @property
     def finished(self) -> bool:
         return self not in (JobStatus.QUEUED, JobStatus.RUNNING)
-
-
-class TrialKind(StrEnum):
-    """What a trial does on its runner (contract/wire.py `TrialKind`)."""
-
-    RUN = "run"  # build the candidate's environment, run the script under the sampler
-    RESOLVE = "resolve"  # resolve the pins the other candidates are held at
-    ATTRIBUTE = "attribute"  # run once more under an allocation tracer; never judged
-    COMMITS = "commits"  # list the commits between the boundary's tags; no script runs
 
 
 class PinState(StrEnum):
@@ -92,7 +84,7 @@ class Job(JobOptions, table=True):
     # Made by `bisect-cli run`: that process runs it; no runner claims it and the service's
     # maintenance never advances it, even when both share one database (service/queue.py).
     local: bool = Field(default=False, index=True)
-    # The name of the token that submitted it (service/api/deps.py); None in an open service.
+    # The name of the token that submitted it (service/http/deps.py); None in an open service.
     owner: str | None = Field(default=None, index=True)
     # sha256 of (owner, the submission's Idempotency-Key): a retried POST /jobs finds this job
     # instead of creating another (service/api/routes/jobs.py). Unique; None without a key.
@@ -165,7 +157,7 @@ class Trial(SQLModel, table=True):
     number: int = 0
     candidate_id: int = Field(foreign_key="candidate.id", index=True)
     evaluation: int = 1
-    kind: str = TrialKind.RUN
+    kind: str = TrialKind.RUN  # a `TrialKind`, stored as its string
     # Variables the service adds for this run (service/specs.py, longer runs); the job's win.
     hints: dict[str, str] = _json({})
     status: str = Field(default=TrialStatus.QUEUED)

@@ -46,7 +46,7 @@ ENDED = (TrialStatus.DONE, TrialStatus.CANCELLED)
 def _fetch(job: Job) -> FetchPolicy:
     if job.local:
         return LOCAL
-    from service.api.policy import fetch_policy  # the service's rules for reading indexes
+    from service.policy import fetch_policy  # the service's rules for reading indexes
 
     return fetch_policy(get_settings())
 

@@ -26,7 +26,7 @@ from runners.agent import Agent, parse_labels
 from runners.client import ApiClient
 from runners.spool import Spool
 from runners.trial import LocalExecutor
-from service.api.app import create_app
+from service.app import create_app
 from service.cli import app
 from service.cli.serve import bind
 from service.settings import Settings

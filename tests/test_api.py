@@ -17,9 +17,9 @@ from sqlalchemy import text
 from sqlmodel import Session, select
 
 from contract.wire import EnvResult, TrialReport
-from service.api import create_app
-from service.api.maintenance import tick
+from service.app import create_app
 from service.db import get_engine, upgrade
+from service.maintenance import tick
 from service.models import Candidate, Job, PinState, Trial, TrialKind
 from service.scheduler import advance, slots_for
 from service.settings import Settings

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 from fastapi.testclient import TestClient
 
-from service.api import create_app
+from service.app import create_app
 from service.settings import Settings
 
 API = "/api/v1"

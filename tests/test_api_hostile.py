@@ -18,7 +18,7 @@ import pytest
 import uvicorn
 from fastapi.testclient import TestClient
 
-from service.api import create_app
+from service.app import create_app
 from service.cli.serve import bind
 from service.settings import Settings
 

@@ -10,7 +10,7 @@ from sqlmodel import Session
 
 from runners.agent import describe_capabilities
 from runners.nvml import GpuProbe
-from service.api import create_app
+from service.app import create_app
 from service.db import get_engine
 from service.models import Runner
 from service.settings import Settings

@@ -23,7 +23,7 @@ from contract import earlystop
 from contract.wire import EarlyStop, EnvResult, TrialReport
 from engine.verdicts import Verdict
 from service import reuse
-from service.api import create_app
+from service.app import create_app
 from service.db import get_engine, make_engine, upgrade
 from service.models import Candidate, Job, JobStatus, PinState, Trial, TrialKind, TrialStatus
 from service.scheduler import advance

@@ -25,7 +25,7 @@ import pytest
 from fastapi.testclient import TestClient
 from rich.console import Console
 
-from service.api import create_app
+from service.app import create_app
 from service.cli.display import render_report
 from service.cli.source import LocalSource
 from service.report import Report

@@ -15,8 +15,8 @@ from contract.wire import CommitRange, EnvSpec, TrialSpec
 from engine.verdicts import Verdict
 from runners import commits
 from service import reuse
-from service.api.maintenance import tick
 from service.db import make_engine, upgrade
+from service.maintenance import tick
 from service.models import (
     Candidate,
     Job,

@@ -20,7 +20,7 @@ from rich.console import Console
 from sqlmodel import Session
 
 from service import store
-from service.api import create_app
+from service.app import create_app
 from service.cli.display import render_report
 from service.db import get_engine
 from service.example.fixture import FixtureSpec, build_fixture

@@ -1,5 +1,2 @@
-"""The REST API (docs/api.md): `create_app()` builds the FastAPI application."""
-
-from service.api.app import create_app
-
-__all__ = ["create_app"]
+"""The REST API (docs/api.md): one router per resource under `service/api/routes/`, mounted
+under /api/v1 by the composition root (service/app.py)."""

@@ -1,6 +1,6 @@
 """`bisect-cli serve`: the API server plus N embedded runner agents.
 
-The API (`service.api.app.create_app`) runs under uvicorn in a thread; each
+The API (`service.app.create_app`) runs under uvicorn in a thread; each
 embedded runner is an `Agent` in a thread of its own that talks HTTP to the
 API like any remote runner (with the first of BISECT_RUNNER_TOKENS when
 tokens are configured), so one command on a laptop is a working service.
@@ -340,7 +340,7 @@ class _Api:
             self.supervisor = Multiprocess(config, [sock])  # installs handlers: serve's follow
             self.thread = threading.Thread(target=self._supervise, name="api", daemon=True)
         else:
-            from service.api.app import create_app
+            from service.app import create_app
 
             self.server = uvicorn.Server(uvicorn.Config(create_app(settings), **common))
             self.thread = threading.Thread(
@@ -397,6 +397,6 @@ def worker_app() -> FastAPI:
         ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)
     logging.basicConfig(level=logging.INFO, format=LOG_FORMAT)
     logging.getLogger("httpx").setLevel(logging.WARNING)
-    from service.api.app import create_app
+    from service.app import create_app
 
     return create_app(migrate=False)

@@ -24,11 +24,11 @@ from sqlmodel import Session
 
 from contract.errors import Conflict, Forbidden, InvalidInput, LeakbisectError
 from service import store
-from service.api.deps import Caller
-from service.api.errors import http_status
 from service.api.routes.actions import AgainRequest, again_job
 from service.api.routes.jobs import job_public
 from service.db import get_engine
+from service.http.deps import Caller
+from service.http.errors import http_status
 from service.markdown import headline, markdown_report
 from service.models import Job, JobStatus
 from service.scheduler import cancel

@@ -22,11 +22,10 @@ from pydantic import BaseModel, Field
 from sqlmodel import Session
 
 from contract.errors import Forbidden, InvalidInput
-from service import store
-from service.api import policy
-from service.api.deps import Caller, ReaderDep, SessionDep, SettingsDep, WriterDep
+from service import policy, store
 from service.api.routes.jobs import job_public, job_url, readable_job
 from service.api.schemas import JobCreated
+from service.http.deps import Caller, ReaderDep, SessionDep, SettingsDep, WriterDep
 from service.jobs import create_job
 from service.markdown import markdown_report
 from service.models import Job

@@ -10,11 +10,10 @@ from sqlmodel import Session
 
 from contract.errors import Conflict, Forbidden, InvalidInput
 from contract.wire import API_PREFIX, IDEMPOTENCY_HEADER
-from service import store
-from service.api import policy
-from service.api.deps import Caller, ReaderDep, SessionDep, SettingsDep, WriterDep
+from service import policy, store
 from service.api.routes.trials import trial_public
 from service.api.schemas import JobCreated, JobPage, JobSummary, TrialPublic
+from service.http.deps import Caller, ReaderDep, SessionDep, SettingsDep, WriterDep
 from service.jobs import create_job
 from service.models import Job, JobStatus, TrialKind, TrialStatus
 from service.report import JobPublic, Progress, RunningTrial, build_report, with_progress

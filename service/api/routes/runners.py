@@ -1,7 +1,7 @@
 """The runner protocol (runner tokens): register, lease, heartbeat, complete, return, leave.
 
 Every lease rule is service/queue.py's; its errors become HTTP statuses in
-service/api/errors.py: `StaleLease` is 409 (the runner kills its trial), an unknown
+service/http/errors.py: `StaleLease` is 409 (the runner kills its trial), an unknown
 trial or runner 404.
 
 Runners are authenticated as themselves: the runner token only opens these endpoints (any
@@ -36,8 +36,8 @@ from contract.wire import (
     TrialReport,
 )
 from service import queue, store
-from service.api.deps import EngineDep, RunnerAuth, SessionDep, SettingsDep
 from service.api.schemas import CompleteAck, ReturnAck
+from service.http.deps import EngineDep, RunnerAuth, SessionDep, SettingsDep
 from service.models import Candidate, Job, Runner, TrialKind
 from service.scheduler import advance, slots_for
 from service.settings import Settings

@@ -11,8 +11,8 @@ from sqlmodel import Session
 from contract.series import downsample
 from contract.wire import MAX_REPORT_SAMPLES, Sample
 from service import store
-from service.api.deps import Caller, ReaderDep, SessionDep
 from service.api.schemas import TrialPublic, TrialSamples
+from service.http.deps import Caller, ReaderDep, SessionDep
 from service.models import Candidate, Job, Trial
 from service.store import MAX_ID
 

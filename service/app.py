@@ -2,9 +2,9 @@
 
 Lifespan: migrate the database (`service.db.upgrade`), renew every lease (nobody could
 heartbeat while the API was down: `service.queue.renew_leases`), then run the
-maintenance thread (service/api/maintenance.py) until shutdown.
+maintenance thread (service/maintenance.py) until shutdown.
 
-Errors are always `{"detail": "one line"}` (service/api/errors.py).
+Errors are always `{"detail": "one line"}` (service/http/errors.py).
 """
 
 import logging
@@ -16,11 +16,11 @@ from sqlmodel import Session
 
 from contract.wire import API_PREFIX
 from service import queue
-from service.api import errors
-from service.api.guard import Guard
-from service.api.maintenance import Maintenance
 from service.api.routes import actions, api_router
 from service.db import get_engine, upgrade
+from service.http import errors
+from service.http.guard import Guard
+from service.maintenance import Maintenance
 from service.settings import Settings, get_settings
 from service.web import install as install_web
 

@@ -8,7 +8,7 @@ In this order, for every HTTP request:
    that makes a browser send requests to a name it controls (DNS rebinding) gets 400.
 2. Token. With tokens configured, a request under the API prefix without a bearer token
    that matches a configured one is refused (401) before its body is read; the route's
-   own dependency then checks the token's role (service/api/deps.py).
+   own dependency then checks the token's role (service/http/deps.py).
 3. Size. The body may be at most `limit_for(method, path)` bytes: a Content-Length above
    it is refused at once, and a body sent without one (chunked) is read up to the limit
    and refused (413) as soon as it passes it, so the server never holds more than the
@@ -21,7 +21,7 @@ from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
 from contract.wire import API_PREFIX
-from service.api.deps import identify
+from service.http.deps import identify
 from service.settings import Settings
 
 Scope = MutableMapping[str, Any]
