@@ -2,7 +2,7 @@
 
 One function, `markdown_report(report, url)`, read by `bisect-cli report JOB --markdown`,
 `GET /api/v1/jobs/{id}/report.md` and the status page's "Copy as Markdown" button, so all
-three say the same. It renders the same typed `Report` (service/report.py) as the CLI's text
+three say the same. It renders the same typed `Report` (service/schemas.py) as the CLI's text
 report: the answer, the range, every release tested with its verdict, the boundary pair's
 numbers, the dependency diff, the machine and the reproduce command.
 
@@ -15,7 +15,8 @@ import re
 from typing import Any
 
 from engine import findings
-from service.report import Evidence, Report, transition_line
+from service.report import transition_line
+from service.schemas import Evidence, Report
 from service.text import printable
 
 _SPECIAL = re.compile(r"([\\`*_\[\]<>|~])")

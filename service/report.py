@@ -11,85 +11,28 @@ its runner (``trials ran without: ...``, from each trial's `TrialReport.missing_
 """
 
 import shlex
-from datetime import datetime
 from typing import Any
-
-from pydantic import BaseModel, Field, model_serializer, model_validator
 
 from contract.envargs import freeze_diff, index_args
 from engine import baseenv, crash, resolution
 from engine.verdicts import Verdict
 from service import stages
 from service.models import Candidate, Job, Trial, TrialKind, TrialStatus
+from service.schemas import (
+    CandidateRow,
+    DependencyChange,
+    Evidence,
+    JobPublic,
+    Progress,
+    Report,
+    RunEvidence,
+    TransitionRow,
+)
 from service.specs import env_spec
 
 # "found" stays 0 for a range that is not monotone: its first transition is a confirmed
 # boundary, and the report's first lines (JSON: `not_monotone`) say what else the verdicts show.
 EXIT_CODES = {"found": 0, "bounds_failed": 3, "inconclusive": 4, "error": 1, "cancelled": 1}
-
-
-def boundary_names(find_fix: bool) -> tuple[str, str]:
-    """Wire names of the planner's (last_old, first_new) pair."""
-    return ("last_bad", "first_good") if find_fix else ("last_good", "first_bad")
-
-
-class CandidateRow(BaseModel):
-    position: int
-    version: str
-    verdict: str | None
-    yanked: bool
-    yanked_reason: str | None = None
-    testable: bool
-    untestable_reason: str | None = None
-    trials: int
-    growth_mib: float | None = None
-    upload_time: str | None = None  # ISO 8601, as the index gave it
-    resolution: str | None = None
-    # Why it was not held at the pins (with --base-env: which base pins it forced).
-    resolution_note: str | None = None
-    reused: bool = False
-    # The other job whose verdict of this release disagrees with this one's (same reuse key
-    # and owner, service/reuse.py rule 6): the verdict is flaky and never reused again.
-    contradicted_by_job: int | None = None
-    # An error verdict: the line its last failed run ended on (engine/crash.py).
-    error: str | None = None
-    # A shell line that rebuilds the candidate as tested and runs the repro (tested ones).
-    reproduce: str | None = None
-    # "pooled over N runs: ...": its latest evaluation's runs judged together
-    # (engine/pooled.py); None when that evaluation had fewer than two runs to pool.
-    pooled: str | None = None
-
-
-class RunEvidence(BaseModel):
-    trial: int  # the trial's number in its job (1, 2, ...), as users count them
-    trial_id: int  # its id in the API's paths (/api/v1/trials/{trial_id}/samples)
-    verdict: str | None
-    exit_code: int | None
-    oom_killed: bool
-    duration_s: float | None
-    analysis: dict[str, Any] | None
-    error: str | None = None  # the line a crashed run ended on
-    # Why the runner ended the run early (contract/earlystop.py); None: it ran to its end.
-    stopped_early: str | None = None
-
-
-class Evidence(BaseModel):
-    version: str
-    verdict: str | None
-    runs: list[RunEvidence]
-    # The pooled verdict of the latest evaluation with its numbers (`PooledAnalysis.to_dict`
-    # plus "evaluation"); its "reason" starts "pooled over N runs: ".
-    pooled: dict[str, Any] | None = None
-
-
-class TransitionRow(BaseModel):
-    """One leak/no-leak transition of the range (engine/planner.py rule 6)."""
-
-    before: str  # the last release judged in the earlier state
-    after: str  # the first release judged in the other state
-    change: str  # "starts leaking" | "stops leaking" (at `after`)
-    confirmed: bool  # both releases judged twice
-    between: list[str] = Field(default_factory=list)  # untested or unjudgeable releases
 
 
 def transition_line(row: TransitionRow) -> str:
@@ -98,115 +41,6 @@ def transition_line(row: TransitionRow) -> str:
     at = f"at one of {where}" if row.between else f"at {row.after}"
     confirmed = "" if row.confirmed else ", not re-run to confirm"
     return f"{row.change} {at}, after {row.before}{confirmed}"
-
-
-class DependencyChange(BaseModel):
-    package: str
-    old: str | None  # in the last old (good) release's environment; None: absent
-    new: str | None
-
-
-class Report(BaseModel):
-    job_id: int | None
-    status: str
-    message: str | None = None
-    package: str
-    range: str
-    find_fix: bool = False
-    last_old: str | None = None
-    first_new: str | None = None
-    between: list[str] = Field(default_factory=list)
-    skipped: list[str] = Field(default_factory=list)
-    # Non-monotone ranges: one sentence naming the releases whose verdicts disagree with a
-    # single boundary (None: they fit one), those releases, and every transition the
-    # verdicts show (all of them with --all-transitions). The status is the first one's.
-    not_monotone: str | None = None
-    disagree: list[str] = Field(default_factory=list)
-    transitions: list[TransitionRow] = Field(default_factory=list)
-    candidates: list[CandidateRow] = Field(default_factory=list)
-    trials: int = 0
-    dependency_diff: list[DependencyChange] = Field(default_factory=list)
-    evidence: list[Evidence] = Field(default_factory=list)
-    reproduce: str | None = None
-    machine: dict[str, Any] | None = None
-    # How the packages besides the bisected one were chosen, and why (engine/resolution.py).
-    environment: str | None = None
-    # The stages before and after the releases (service/stages.py), as the job stored them:
-    # --from/--to's minimal set of changes and its mixes, --attribute's growing stacks,
-    # --commits' first bad commit. None where the job had no such stage.
-    dependency: dict[str, Any] | None = None
-    attribution: dict[str, Any] | None = None
-    commit: dict[str, Any] | None = None
-
-    @property
-    def names(self) -> tuple[str, str]:
-        return boundary_names(self.find_fix)
-
-    @model_validator(mode="before")
-    @classmethod
-    def _from_wire(cls, data: Any) -> Any:
-        if not isinstance(data, dict) or "last_old" in data:
-            return data
-        old, new = boundary_names(bool(data.get("find_fix")))
-        data = {**data, "last_old": data.get(old), "first_new": data.get(new)}
-        data["dependency_diff"] = [
-            {"package": row["package"], "old": row.get(old), "new": row.get(new)}
-            for row in data.get("dependency_diff") or []
-        ]
-        return data
-
-    @model_serializer(mode="wrap")
-    def _to_wire(self, handler: Any) -> dict[str, Any]:
-        data = handler(self)
-        old, new = self.names
-        out: dict[str, Any] = {}
-        for key, value in data.items():
-            if key == "last_old":
-                out[old] = value
-            elif key == "first_new":
-                out[new] = value
-            elif key == "dependency_diff":
-                out[key] = [
-                    {"package": row["package"], old: row["old"], new: row["new"]}
-                    for row in value
-                ]
-            else:
-                out[key] = value
-        return out
-
-    def wire(self) -> dict[str, Any]:
-        """The JSON-ready dict (the `--json` output)."""
-        return self.model_dump(mode="json")
-
-
-class RunningTrial(BaseModel):
-    trial: int  # its number in the job
-    trial_id: int
-    version: str
-    runner: str | None
-    attempt: int
-    rss: int | None = Field(description="bytes at the last heartbeat; None before the first")
-
-
-class Progress(BaseModel):
-    candidates: int
-    judged: int
-    trials_done: int
-    trials_running: int
-    trials_queued: int
-    running: list[RunningTrial] = Field(default_factory=list)
-
-
-class JobPublic(Report):
-    """The report plus where the job stands: what `GET /jobs/{id}` answers."""
-
-    progress: Progress
-    created_at: datetime
-    finished_at: datetime | None
-
-    def report(self) -> Report:
-        """The report alone (the same as `bisect-cli run --json` prints)."""
-        return Report.model_validate(self.model_dump(include=set(Report.model_fields)))
 
 
 def _runs(trials: list[Trial]) -> list[Trial]:

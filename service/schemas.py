@@ -1,7 +1,28 @@
-"""Wire models of jobs: what submissions carry and what the API and CLI show."""
+"""The API's models: every shape a client of the service reads or sends, in one module.
 
-from pydantic import ConfigDict, Field, ValidationInfo, field_validator
+What `POST /jobs` and `bisect-cli run` take (`JobCreate`, `AgainRequest`), what the API
+answers (jobs, trials, samples, runners' acks), and the typed `Report` of a job that
+`run --json`, `submit --wait`, `status`, the API, the page and the Markdown report all show.
 
+Rules: models only (builders from stored rows live in `service.report`, the routes in
+`service.api`); table models (`service.models`) never go on the wire; the runner contract
+(what runners send and receive) lives in `contract.wire`, not here.
+"""
+
+from datetime import datetime
+from typing import Annotated, Any
+
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationInfo,
+    field_validator,
+    model_serializer,
+    model_validator,
+)
+
+from contract.wire import Sample
 from service.options import JobOptions
 
 
@@ -38,3 +59,257 @@ class JobCreate(JobOptions):
     def bounds(self) -> tuple[str, str]:
         good, _, bad = self.range.partition("..")
         return good, bad
+
+
+class AgainRequest(BaseModel):
+    """`POST /jobs/{id}/again` (and the page's buttons): see `service.api.routes.actions`."""
+
+    model_config = {"extra": "forbid"}
+
+    repeats: Annotated[int | None, Field(ge=1, le=20)] = None
+    candidate: Annotated[str | None, Field(max_length=200)] = None
+
+
+class JobCreated(BaseModel):
+    id: int
+    url: str
+    status: str
+
+
+class JobSummary(BaseModel):
+    id: int
+    url: str | None  # None: read from a local results database (no server to link to)
+    status: str
+    message: str | None
+    package: str
+    range: str
+    find_fix: bool
+    requires_gpu: bool
+    created_at: datetime
+    finished_at: datetime | None
+    result: dict[str, Any] | None
+    owner: str | None = None
+
+
+class JobPage(BaseModel):
+    items: list[JobSummary]
+    total: int
+    limit: int
+    offset: int
+
+
+class TrialPublic(BaseModel):
+    id: int  # the id in /trials/{id} paths
+    job_id: int
+    number: int  # the trial's number in its job (1, 2, ...), the one users are shown
+    candidate_id: int
+    version: str
+    evaluation: int
+    status: str
+    attempt: int
+    runner_id: str | None
+    lease_expires_at: datetime | None
+    created_at: datetime
+    started_at: datetime | None
+    finished_at: datetime | None
+    duration_s: float | None
+    env_seconds: float | None
+    exit_code: int | None
+    oom_killed: bool
+    timed_out: bool
+    cap_method: str | None
+    gpu_source: str | None
+    verdict: str | None
+    error: str | None
+    analysis: dict[str, Any] | None
+    log_tail: str | None
+
+
+class TrialSamples(BaseModel):
+    trial_id: int
+    samples: list[Sample]
+    total: int  # the trial's samples in all (not only this page)
+    offset: int
+    limit: int
+    max_points: int | None = None  # set when this page was downsampled
+
+
+class CompleteAck(BaseModel):
+    verdict: str | None  # None for a resolve trial
+
+
+class ReturnAck(BaseModel):
+    trial_id: int
+    status: str
+
+
+def boundary_names(find_fix: bool) -> tuple[str, str]:
+    """Wire names of the planner's (last_old, first_new) pair."""
+    return ("last_bad", "first_good") if find_fix else ("last_good", "first_bad")
+
+
+class CandidateRow(BaseModel):
+    position: int
+    version: str
+    verdict: str | None
+    yanked: bool
+    yanked_reason: str | None = None
+    testable: bool
+    untestable_reason: str | None = None
+    trials: int
+    growth_mib: float | None = None
+    upload_time: str | None = None  # ISO 8601, as the index gave it
+    resolution: str | None = None
+    # Why it was not held at the pins (with --base-env: which base pins it forced).
+    resolution_note: str | None = None
+    reused: bool = False
+    # The other job whose verdict of this release disagrees with this one's (same reuse key
+    # and owner, service/reuse.py rule 6): the verdict is flaky and never reused again.
+    contradicted_by_job: int | None = None
+    # An error verdict: the line its last failed run ended on (engine/crash.py).
+    error: str | None = None
+    # A shell line that rebuilds the candidate as tested and runs the repro (tested ones).
+    reproduce: str | None = None
+    # "pooled over N runs: ...": its latest evaluation's runs judged together
+    # (engine/pooled.py); None when that evaluation had fewer than two runs to pool.
+    pooled: str | None = None
+
+
+class RunEvidence(BaseModel):
+    trial: int  # the trial's number in its job (1, 2, ...), as users count them
+    trial_id: int  # its id in the API's paths (/api/v1/trials/{trial_id}/samples)
+    verdict: str | None
+    exit_code: int | None
+    oom_killed: bool
+    duration_s: float | None
+    analysis: dict[str, Any] | None
+    error: str | None = None  # the line a crashed run ended on
+    # Why the runner ended the run early (contract/earlystop.py); None: it ran to its end.
+    stopped_early: str | None = None
+
+
+class Evidence(BaseModel):
+    version: str
+    verdict: str | None
+    runs: list[RunEvidence]
+    # The pooled verdict of the latest evaluation with its numbers (`PooledAnalysis.to_dict`
+    # plus "evaluation"); its "reason" starts "pooled over N runs: ".
+    pooled: dict[str, Any] | None = None
+
+
+class TransitionRow(BaseModel):
+    """One leak/no-leak transition of the range (engine/planner.py rule 6)."""
+
+    before: str  # the last release judged in the earlier state
+    after: str  # the first release judged in the other state
+    change: str  # "starts leaking" | "stops leaking" (at `after`)
+    confirmed: bool  # both releases judged twice
+    between: list[str] = Field(default_factory=list)  # untested or unjudgeable releases
+
+
+class DependencyChange(BaseModel):
+    package: str
+    old: str | None  # in the last old (good) release's environment; None: absent
+    new: str | None
+
+
+class Report(BaseModel):
+    job_id: int | None
+    status: str
+    message: str | None = None
+    package: str
+    range: str
+    find_fix: bool = False
+    last_old: str | None = None
+    first_new: str | None = None
+    between: list[str] = Field(default_factory=list)
+    skipped: list[str] = Field(default_factory=list)
+    # Non-monotone ranges: one sentence naming the releases whose verdicts disagree with a
+    # single boundary (None: they fit one), those releases, and every transition the
+    # verdicts show (all of them with --all-transitions). The status is the first one's.
+    not_monotone: str | None = None
+    disagree: list[str] = Field(default_factory=list)
+    transitions: list[TransitionRow] = Field(default_factory=list)
+    candidates: list[CandidateRow] = Field(default_factory=list)
+    trials: int = 0
+    dependency_diff: list[DependencyChange] = Field(default_factory=list)
+    evidence: list[Evidence] = Field(default_factory=list)
+    reproduce: str | None = None
+    machine: dict[str, Any] | None = None
+    # How the packages besides the bisected one were chosen, and why (engine/resolution.py).
+    environment: str | None = None
+    # The stages before and after the releases (service/stages.py), as the job stored them:
+    # --from/--to's minimal set of changes and its mixes, --attribute's growing stacks,
+    # --commits' first bad commit. None where the job had no such stage.
+    dependency: dict[str, Any] | None = None
+    attribution: dict[str, Any] | None = None
+    commit: dict[str, Any] | None = None
+
+    @property
+    def names(self) -> tuple[str, str]:
+        return boundary_names(self.find_fix)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _from_wire(cls, data: Any) -> Any:
+        if not isinstance(data, dict) or "last_old" in data:
+            return data
+        old, new = boundary_names(bool(data.get("find_fix")))
+        data = {**data, "last_old": data.get(old), "first_new": data.get(new)}
+        data["dependency_diff"] = [
+            {"package": row["package"], "old": row.get(old), "new": row.get(new)}
+            for row in data.get("dependency_diff") or []
+        ]
+        return data
+
+    @model_serializer(mode="wrap")
+    def _to_wire(self, handler: Any) -> dict[str, Any]:
+        data = handler(self)
+        old, new = self.names
+        out: dict[str, Any] = {}
+        for key, value in data.items():
+            if key == "last_old":
+                out[old] = value
+            elif key == "first_new":
+                out[new] = value
+            elif key == "dependency_diff":
+                out[key] = [
+                    {"package": row["package"], old: row["old"], new: row["new"]} for row in value
+                ]
+            else:
+                out[key] = value
+        return out
+
+    def wire(self) -> dict[str, Any]:
+        """The JSON-ready dict (the `--json` output)."""
+        return self.model_dump(mode="json")
+
+
+class RunningTrial(BaseModel):
+    trial: int  # its number in the job
+    trial_id: int
+    version: str
+    runner: str | None
+    attempt: int
+    rss: int | None = Field(description="bytes at the last heartbeat; None before the first")
+
+
+class Progress(BaseModel):
+    candidates: int
+    judged: int
+    trials_done: int
+    trials_running: int
+    trials_queued: int
+    running: list[RunningTrial] = Field(default_factory=list)
+
+
+class JobPublic(Report):
+    """The report plus where the job stands: what `GET /jobs/{id}` answers."""
+
+    progress: Progress
+    created_at: datetime
+    finished_at: datetime | None
+
+    def report(self) -> Report:
+        """The report alone (the same as `bisect-cli run --json` prints)."""
+        return Report.model_validate(self.model_dump(include=set(Report.model_fields)))

@@ -5,7 +5,7 @@ import io
 from rich.console import Console
 
 from service.cli.display import render_report, sparkline
-from service.report import Report
+from service.schemas import Report
 
 
 def report(**fields) -> dict:

@@ -6,7 +6,7 @@ import pytest
 from rich.console import Console
 
 from service.cli.display import render_report
-from service.report import Report
+from service.schemas import Report
 from service.text import printable
 
 

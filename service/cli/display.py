@@ -14,7 +14,8 @@ from engine import findings
 from engine.baseenv import FORCED_NOTE
 from engine.verdicts import Verdict
 from service.models import Candidate, Trial
-from service.report import CandidateRow, Report, transition_line
+from service.report import transition_line
+from service.schemas import CandidateRow, Report
 from service.text import printable
 
 STYLE = {

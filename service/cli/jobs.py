@@ -27,7 +27,7 @@ from service.cli.remote import (
     make_client,
 )
 from service.cli.source import LocalSource, Source, open_source
-from service.report import Report
+from service.schemas import Report
 from service.text import printable
 
 ReadServer = Annotated[

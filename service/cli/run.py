@@ -29,8 +29,8 @@ from service.db import get_engine, upgrade
 from service.jobs import create_job
 from service.local import run_job
 from service.models import Job
-from service.report import Report, build_report, exit_code
-from service.schemas import JobCreate
+from service.report import build_report, exit_code
+from service.schemas import JobCreate, Report
 from service.settings import Settings, get_settings
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "example"

@@ -21,7 +21,7 @@ from service.cli.remote import (
     make_client,
 )
 from service.cli.run import print_report
-from service.report import Report
+from service.schemas import Report
 
 POLL_S = 1.0
 FINISHED = {"found", "bounds_failed", "inconclusive", "error", "cancelled"}

@@ -24,7 +24,7 @@ from sqlmodel import Session
 
 from contract.errors import Conflict, Forbidden, InvalidInput, LeakbisectError
 from service import store
-from service.api.routes.actions import AgainRequest, again_job
+from service.api.routes.actions import again_job
 from service.api.routes.jobs import job_public
 from service.db import get_engine
 from service.http.deps import Caller
@@ -32,6 +32,7 @@ from service.http.errors import http_status
 from service.markdown import headline, markdown_report
 from service.models import Job, JobStatus
 from service.scheduler import cancel
+from service.schemas import AgainRequest
 from service.settings import Settings
 from service.web import auth, views
 from service.web.events import Watcher, stream

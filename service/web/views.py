@@ -17,7 +17,7 @@ from sqlmodel import Session, col, select
 from contract.envargs import freeze_diff
 from contract.series import downsample
 from service.models import Candidate, Job, MemorySample, Trial, TrialKind, TrialStatus
-from service.report import JobPublic
+from service.schemas import JobPublic
 from service.text import printable
 
 MIB = 1024 * 1024

@@ -14,34 +14,23 @@ thresholds), so the old job's evidence is never rewritten:
 The status page's buttons call the same `again_job`.
 """
 
-from typing import Annotated
-
 from fastapi import APIRouter, Request, status
 from fastapi.responses import PlainTextResponse
-from pydantic import BaseModel, Field
 from sqlmodel import Session
 
 from contract.errors import Forbidden, InvalidInput
 from service import policy, store
 from service.api.routes.jobs import job_public, job_url, readable_job
-from service.api.schemas import JobCreated
 from service.http.deps import Caller, ReaderDep, SessionDep, SettingsDep, WriterDep
 from service.jobs import create_job
 from service.markdown import markdown_report
 from service.models import Job
 from service.options import JobOptions
 from service.scheduler import advance, slots_for
-from service.schemas import JobCreate
+from service.schemas import AgainRequest, JobCreate, JobCreated
 from service.settings import Settings
 
 router = APIRouter(prefix="/jobs", tags=["jobs"])
-
-
-class AgainRequest(BaseModel):
-    model_config = {"extra": "forbid"}
-
-    repeats: Annotated[int | None, Field(ge=1, le=20)] = None
-    candidate: Annotated[str | None, Field(max_length=200)] = None
 
 
 def _narrowed(session: Session, job: Job, version: str) -> str:

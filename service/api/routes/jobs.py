@@ -12,13 +12,21 @@ from contract.errors import Conflict, Forbidden, InvalidInput
 from contract.wire import API_PREFIX, IDEMPOTENCY_HEADER
 from service import policy, store
 from service.api.routes.trials import trial_public
-from service.api.schemas import JobCreated, JobPage, JobSummary, TrialPublic
 from service.http.deps import Caller, ReaderDep, SessionDep, SettingsDep, WriterDep
 from service.jobs import create_job
 from service.models import Job, JobStatus, TrialKind, TrialStatus
-from service.report import JobPublic, Progress, RunningTrial, build_report, with_progress
+from service.report import build_report, with_progress
 from service.scheduler import advance, cancel, slots_for
-from service.schemas import JobCreate
+from service.schemas import (
+    JobCreate,
+    JobCreated,
+    JobPage,
+    JobPublic,
+    JobSummary,
+    Progress,
+    RunningTrial,
+    TrialPublic,
+)
 from service.settings import Settings
 
 router = APIRouter(prefix="/jobs", tags=["jobs"])

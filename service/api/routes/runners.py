@@ -36,10 +36,10 @@ from contract.wire import (
     TrialReport,
 )
 from service import queue, store
-from service.api.schemas import CompleteAck, ReturnAck
 from service.http.deps import EngineDep, RunnerAuth, SessionDep, SettingsDep
 from service.models import Candidate, Job, Runner, TrialKind
 from service.scheduler import advance, slots_for
+from service.schemas import CompleteAck, ReturnAck
 from service.settings import Settings
 from service.specs import trial_spec
 from service.trials import judge, record_report

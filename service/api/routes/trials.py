@@ -11,9 +11,9 @@ from sqlmodel import Session
 from contract.series import downsample
 from contract.wire import MAX_REPORT_SAMPLES, Sample
 from service import store
-from service.api.schemas import TrialPublic, TrialSamples
 from service.http.deps import Caller, ReaderDep, SessionDep
 from service.models import Candidate, Job, Trial
+from service.schemas import TrialPublic, TrialSamples
 from service.store import MAX_ID
 
 router = APIRouter(prefix="/trials", tags=["trials"])
