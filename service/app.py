@@ -1,4 +1,7 @@
-"""The FastAPI application: `create_app()`; every route is under /api/v1 (docs/api.md).
+"""The composition root: `create_app()` mounts the API (every route under /api/v1,
+docs/api.md) and the status page (`/`, docs/web.md) on one FastAPI application. The two
+adapters never import each other; both call the service (service/views.py,
+service/actions.py) and share service/http/.
 
 Lifespan: migrate the database (`service.db.upgrade`), renew every lease (nobody could
 heartbeat while the API was down: `service.queue.renew_leases`), then run the
@@ -16,7 +19,7 @@ from sqlmodel import Session
 
 from contract.wire import API_PREFIX
 from service import queue
-from service.api.routes import actions, api_router
+from service.api.routes import api_router
 from service.db import get_engine, upgrade
 from service.http import errors
 from service.http.guard import Guard
@@ -61,7 +64,5 @@ def create_app(settings: Settings | None = None, *, migrate: bool = True) -> Fas
     errors.install(app)
     app.add_middleware(Guard, settings=settings)
     app.include_router(api_router, prefix=API_PREFIX)
-    # Markdown report and re-runs (routes/actions.py); the status page at / (service/web/).
-    app.include_router(actions.router, prefix=API_PREFIX)
-    install_web(app)
+    install_web(app)  # the status page at / (service/web/)
     return app

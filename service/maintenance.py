@@ -14,8 +14,8 @@ from sqlalchemy.engine import Engine
 from sqlmodel import Session, col, select
 
 from service import queue
+from service.actions import advance_job
 from service.models import Job, JobStatus, utcnow
-from service.scheduler import advance, slots_for
 from service.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -45,7 +45,7 @@ def tick(session: Session, settings: Settings) -> list[int]:
     for job_id in open_jobs:
         job = session.get(Job, job_id)
         if job is not None:
-            advance(session, job, slots_for(session, job, within_s=settings.runner_live_s))
+            advance_job(session, job, settings)
     return [t.id for t in reaped if t.id is not None]
 
 

@@ -3,7 +3,8 @@
 A command asks a server when `--server` is given or `BISECT_SERVER` is set; otherwise it
 reads the results database that `bisect-cli run` writes (`--database-url`, else
 `BISECT_DATABASE_URL`, else the per-user SQLite file). Both sources answer in the API's
-JSON shapes, built by the same functions, so every command prints one way whichever it is.
+JSON shapes, built by the same functions (service/views.py, which the API calls too), so
+every command prints one way whichever it is.
 """
 
 import os
@@ -19,6 +20,7 @@ from service import store
 from service.cli.db import results_database, shown
 from service.cli.errors import fail, fail_with
 from service.cli.remote import DEFAULT_SERVER, api_errors, make_client
+from service.views import job_markdown, job_public, job_summary, trial_public
 
 
 class Source(Protocol):
@@ -73,7 +75,7 @@ class RemoteSource:
 
 
 class LocalSource:
-    """The results database, read with the API's own builders (no server, no tokens)."""
+    """The results database, read with the service's read models (no server, no tokens)."""
 
     def __init__(self, session: Session, url: str) -> None:
         self.session, self.url = session, url
@@ -93,15 +95,11 @@ class LocalSource:
             fail(f"--database-url: cannot read {shown(url)}: {first}")
 
     def get_job(self, job_id: int) -> dict[str, Any]:
-        from service.api.routes.jobs import job_public
-
         return job_public(self.session, store.job(self.session, job_id)).wire()
 
     def list_jobs(
         self, *, status: str | None, package: str | None, limit: int, offset: int
     ) -> dict[str, Any]:
-        from service.api.routes.jobs import job_summary
-
         jobs, total = store.jobs_page(
             self.session, status=status, package=package, owner=None, limit=limit, offset=offset
         )
@@ -109,19 +107,10 @@ class LocalSource:
         return {"items": items, "total": total, "limit": limit, "offset": offset}
 
     def get_trial(self, job_id: int, number: int) -> dict[str, Any]:
-        from service.api.routes.trials import trial_public
-
         job = store.job(self.session, job_id)
         assert job.id is not None
         trial = trial_public(self.session, store.trial_by_number(self.session, job.id, number))
         return trial.model_dump(mode="json")
 
     def markdown(self, job_id: int) -> str:
-        from service.markdown import markdown_report
-        from service.report import build_report
-
-        job = store.job(self.session, job_id)
-        report = build_report(
-            job, store.candidates_of(self.session, job), store.trials_of(self.session, job)
-        )
-        return markdown_report(report)
+        return job_markdown(self.session, store.job(self.session, job_id))

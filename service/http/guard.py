@@ -21,7 +21,7 @@ from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
 from contract.wire import API_PREFIX
-from service.http.deps import identify
+from service.access import identify
 from service.settings import Settings
 
 Scope = MutableMapping[str, Any]

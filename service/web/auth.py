@@ -1,7 +1,7 @@
 """Who is looking at the status page: the API's tokens, kept in a signed session cookie.
 
 With tokens configured (service/settings.py), the page asks for one once (`/login`). The
-token is checked as the API checks it (`service.http.deps.identify`), never stored: the
+token is checked as the API checks it (`service.access.identify`), never stored: the
 cookie holds the caller's role, name, an expiry and a SHA-256 of the token, signed with a
 key derived from every configured token. So a cookie is good on every worker and after a
 restart, and revoking a token (or changing any) ends its sessions. Cookies are HttpOnly,
@@ -26,7 +26,7 @@ from urllib.parse import urlsplit
 
 from fastapi import Request, Response
 
-from service.http.deps import OPEN, Caller, identify
+from service.access import OPEN, Caller, identify
 from service.settings import Settings
 
 SESSION_COOKIE = "lb_session"

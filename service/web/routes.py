@@ -22,18 +22,17 @@ from fastapi.responses import (
 from pydantic import ValidationError
 from sqlmodel import Session
 
-from contract.errors import Conflict, Forbidden, InvalidInput, LeakbisectError
-from service import store
-from service.api.routes.actions import again_job
-from service.api.routes.jobs import job_public
+from contract.errors import Forbidden, InvalidInput, LeakbisectError
+from service import actions, store
+from service.access import Caller
 from service.db import get_engine
-from service.http.deps import Caller
+from service.http.deps import site_url
 from service.http.errors import http_status
 from service.markdown import headline, markdown_report
-from service.models import Job, JobStatus
-from service.scheduler import cancel
+from service.models import JobStatus
 from service.schemas import AgainRequest
 from service.settings import Settings
+from service.views import job_markdown, job_public, progress_of, readable_job
 from service.web import auth, views
 from service.web.events import Watcher, stream
 from service.web.render import render
@@ -57,13 +56,6 @@ def _to_login(request: Request) -> RedirectResponse:
 
 def _unauthorized() -> PlainTextResponse:
     return PlainTextResponse("log in first: /login", status_code=401)
-
-
-def _job(session: Session, job_id: int, caller: Caller) -> Job:
-    job = store.job(session, job_id)
-    if not caller.may_read(job.owner):
-        raise store.JobNotFound(f"job {job_id} not found")
-    return job
 
 
 def _error(request: Request, caller: Caller | None, exc: LeakbisectError) -> HTMLResponse:
@@ -151,7 +143,7 @@ def _list_context(
             limit=views.PAGE_SIZE,
             offset=(page - 1) * views.PAGE_SIZE,
         )
-        progress = views.job_progress(session, [j.id for j in jobs if j.id is not None])
+        progress = progress_of(session, [j.id for j in jobs if j.id is not None])
     pages = max(1, -(-total // views.PAGE_SIZE))
     query = {k: v for k, v in (("status", status if chosen else ""), ("package", package)) if v}
     rows = [{"job": j, "result": views.result_text(j), "progress": progress[j.id]} for j in jobs]  # type: ignore[index]
@@ -195,7 +187,7 @@ def _job_context(
     request: Request, caller: Caller, job_id: int, candidate: str | None
 ) -> dict[str, Any]:
     with Session(_engine(request)) as session:
-        job = _job(session, job_id, caller)
+        job = readable_job(session, job_id, caller)
         public = job_public(session, job)
         candidates = store.candidates_of(session, job)
         trials = store.trials_of(session, job)
@@ -207,7 +199,7 @@ def _job_context(
     chosen = versions.get(selected or "")
     reference = versions.get(public.last_old or "") or (candidates[0] if candidates else None)
     report = public.report()
-    base = (_settings(request).public_url or str(request.base_url)).rstrip("/")
+    base = site_url(request, _settings(request))
     return {
         "caller": caller,
         "job": job,
@@ -254,7 +246,7 @@ def trial_curve(request: Request, job_id: int, number: int) -> Response:
     engine = _engine(request)
     try:
         with Session(engine) as session:
-            _job(session, job_id, caller)
+            readable_job(session, job_id, caller)
             trial = store.trial_by_number(session, job_id, number)
         return JSONResponse(views.curve(engine, trial))
     except LeakbisectError as exc:
@@ -262,19 +254,18 @@ def trial_curve(request: Request, job_id: int, number: int) -> Response:
 
 
 @router.get("/jobs/{job_id}/report.md")
-def job_markdown(request: Request, job_id: int) -> Response:
+def report_md(request: Request, job_id: int) -> Response:
     caller = auth.web_caller(request)
     if caller is None:
         return _unauthorized()
     try:
         with Session(_engine(request)) as session:
-            report = job_public(session, _job(session, job_id, caller)).report()
+            job = readable_job(session, job_id, caller)
+            url = f"{site_url(request, _settings(request))}/jobs/{job_id}"
+            text = job_markdown(session, job, url)
     except LeakbisectError as exc:
         return PlainTextResponse(exc.detail(), status_code=http_status(exc))
-    base = (_settings(request).public_url or str(request.base_url)).rstrip("/")
-    return PlainTextResponse(
-        markdown_report(report, f"{base}/jobs/{job_id}"), media_type="text/markdown; charset=utf-8"
-    )
+    return PlainTextResponse(text, media_type="text/markdown; charset=utf-8")
 
 
 # --------------------------------------------------------------------------- actions
@@ -287,7 +278,7 @@ def cancel_confirm(request: Request, job_id: int) -> Response:
         return _to_login(request)
     try:
         with Session(_engine(request)) as session:
-            job = _job(session, job_id, caller)
+            job = readable_job(session, job_id, caller)
         return render(request, "confirm.html", {"caller": caller, "job": job})
     except LeakbisectError as exc:
         return _error(request, caller, exc)
@@ -324,11 +315,7 @@ async def cancel_post(request: Request, job_id: int) -> Response:
         return refused or _unauthorized()
     try:
         with Session(_engine(request)) as session:
-            job = _job(session, job_id, caller)
-            if not caller.may_change(job.owner):
-                raise Forbidden(f"job {job_id} was submitted by another token")
-            if not cancel(session, job, "cancelled from the status page"):
-                raise Conflict(f"job {job_id} has already finished ({job.status})")
+            actions.cancel_job(session, job_id, caller, "cancelled from the status page")
     except LeakbisectError as exc:
         return _error(request, caller, exc)
     return RedirectResponse(f"/jobs/{job_id}", status_code=303)
@@ -350,8 +337,7 @@ async def again_post(request: Request, job_id: int) -> Response:
         return _error(request, caller, InvalidInput("a whole number from 1 to 20", field="repeats"))
     try:
         with Session(_engine(request)) as session:
-            job = _job(session, job_id, caller)
-            new = again_job(session, _settings(request), job, caller, body)
+            new = actions.again_job(session, _settings(request), job_id, caller, body)
             new_id = new.id
     except LeakbisectError as exc:
         return _error(request, caller, exc)
@@ -392,7 +378,7 @@ def job_events(request: Request, job_id: int) -> Response:
         return _unauthorized()
     try:
         with Session(_engine(request)) as session:
-            _job(session, job_id, caller)
+            readable_job(session, job_id, caller)
     except LeakbisectError as exc:
         return PlainTextResponse(exc.detail(), status_code=http_status(exc))
     return _sse(request, "changed", job_id)

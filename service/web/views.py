@@ -1,8 +1,8 @@
 """What the templates show, computed from the stored rows and the typed report.
 
-Pure reads: `service.store` for rows, `service.report` (through the API's `job_public`)
-for the answer, `contract.series.downsample` for the curves. Templates get plain values and
-never touch the database.
+Pure reads: `service.store` for rows, the service's read models (service/views.py: the
+report, a job's progress) for the answer, `contract.series.downsample` for the curves.
+Templates get plain values and never touch the database.
 """
 
 from collections import OrderedDict
@@ -10,9 +10,8 @@ from dataclasses import dataclass, field
 from statistics import median
 from typing import Any, NamedTuple
 
-from sqlalchemy import case, func
 from sqlalchemy.engine import Engine
-from sqlmodel import Session, col, select
+from sqlmodel import col, select
 
 from contract.envargs import freeze_diff
 from contract.series import downsample
@@ -58,34 +57,9 @@ class Cell:
     boundary: str | None = None
 
 
-def job_progress(session: Session, ids: list[int]) -> dict[int, tuple[int, int, int]]:
-    """(judged, candidates, running trials) per job, in two grouped queries."""
-    out = {i: (0, 0, 0) for i in ids}
-    if not ids:
-        return out
-    judged = func.sum(case((col(Candidate.verdict).is_not(None), 1), else_=0))
-    rows = session.exec(
-        select(Candidate.job_id, judged, func.count())
-        .where(col(Candidate.job_id).in_(ids))
-        .group_by(col(Candidate.job_id))
-    )
-    for job_id, j, n in rows:
-        out[job_id] = (int(j or 0), int(n), 0)
-    running = session.exec(
-        select(Trial.job_id, func.count())
-        .where(col(Trial.job_id).in_(ids), col(Trial.status) == TrialStatus.LEASED.value)
-        .group_by(col(Trial.job_id))
-    )
-    for job_id, n in running:
-        j, c, _ = out[job_id]
-        out[job_id] = (j, c, int(n))
-    return out
-
-
 def result_text(job: Job) -> str:
     """The list's result column: last good → first bad, or the first line of the message."""
-    result = job.result or {}
-    old, new = result.get("last_old"), result.get("first_new")
+    old, new = (job.result.last_old, job.result.first_new) if job.result else (None, None)
     if job.status == "found" and old and new:
         return f"{old} → {new}"
     lines = printable(job.message or "").strip().splitlines()

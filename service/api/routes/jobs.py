@@ -1,30 +1,30 @@
-"""Jobs: submit, list, show, cancel (API tokens)."""
+"""Jobs (API tokens): submit, list, report, a trial by number, cancel, bisect again, and the
+Markdown report. One router for the resource; each route parses the request, calls the
+service (service/views.py reads, service/actions.py changes) and returns its model.
+
+`POST /jobs` takes an `Idempotency-Key`: a repeat of a key by the same token returns the
+first job (200), whatever the body says this time.
+"""
 
 import hashlib
 import re
 from typing import Annotated
 
 from fastapi import APIRouter, Header, Query, Request, Response, status
-from sqlalchemy.exc import IntegrityError
-from sqlmodel import Session
+from fastapi.responses import PlainTextResponse
 
-from contract.errors import Conflict, Forbidden, InvalidInput
+from contract.errors import InvalidInput
 from contract.wire import API_PREFIX, IDEMPOTENCY_HEADER
-from service import policy, store
-from service.api.routes.trials import trial_public
-from service.http.deps import Caller, ReaderDep, SessionDep, SettingsDep, WriterDep
-from service.jobs import create_job
-from service.models import Job, JobStatus, TrialKind, TrialStatus
-from service.report import build_report, with_progress
-from service.scheduler import advance, cancel, slots_for
+from service import actions, store, views
+from service.access import Caller
+from service.http.deps import ReaderDep, SessionDep, SettingsDep, WriterDep, site_url
+from service.models import Job, JobStatus
 from service.schemas import (
+    AgainRequest,
     JobCreate,
     JobCreated,
     JobPage,
     JobPublic,
-    JobSummary,
-    Progress,
-    RunningTrial,
     TrialPublic,
 )
 from service.settings import Settings
@@ -33,44 +33,7 @@ router = APIRouter(prefix="/jobs", tags=["jobs"])
 
 
 def job_url(request: Request, settings: Settings, job_id: int) -> str:
-    base = (settings.public_url or str(request.base_url)).rstrip("/")
-    return f"{base}{API_PREFIX}/jobs/{job_id}"
-
-
-def readable_job(session: Session, job_id: int, caller: Caller) -> Job:
-    """The job, if this caller may see it; another token's job is as good as absent (404)."""
-    job = store.job(session, job_id)
-    if not caller.may_read(job.owner):
-        raise store.JobNotFound(f"job {job_id} not found")
-    return job
-
-
-def job_public(session: Session, job: Job) -> JobPublic:
-    candidates = store.candidates_of(session, job)
-    trials = store.trials_of(session, job)
-    runs = [t for t in trials if t.kind == TrialKind.RUN]
-    count = {s: sum(1 for t in runs if t.status == s) for s in TrialStatus}
-    version = {c.id: c.version for c in candidates}
-    progress = Progress(
-        candidates=len(candidates),
-        judged=sum(1 for c in candidates if c.verdict is not None),
-        trials_done=count[TrialStatus.DONE],
-        trials_running=count[TrialStatus.LEASED],
-        trials_queued=count[TrialStatus.QUEUED],
-        running=[
-            RunningTrial(
-                trial=t.number,
-                trial_id=t.id,  # type: ignore[arg-type]
-                version=version[t.candidate_id],
-                runner=t.runner_id,
-                attempt=t.attempt,
-                rss=t.rss,
-            )
-            for t in runs
-            if t.status == TrialStatus.LEASED
-        ],
-    )
-    return with_progress(build_report(job, candidates, trials), progress, job)
+    return f"{site_url(request, settings)}{API_PREFIX}/jobs/{job_id}"
 
 
 # Printable ASCII, no spaces: a UUID, a ULID, a CI run id.
@@ -123,23 +86,9 @@ def submit_job(
     With an `Idempotency-Key` already used by this token: 200 and the first job, whatever
     this body says (a retry whose first answer was lost)."""
     digest = idempotency_digest(caller, idempotency_key)
-    first = store.job_by_idempotency(session, digest) if digest else None
-    if first is not None:
+    job, created = actions.submit_job(session, settings, body, caller.name, digest)
+    if not created:
         response.status_code = status.HTTP_200_OK
-        return _created(request, settings, first)
-    policy.check_submission(body)
-    try:
-        fetch = policy.fetch_policy(settings)
-        job = create_job(session, body, fetch=fetch, owner=caller.name, idempotency=digest)
-    except IntegrityError:
-        # The same key in flight twice: the other request's insert committed first.
-        session.rollback()
-        first = store.job_by_idempotency(session, digest) if digest else None
-        if first is None:
-            raise
-        response.status_code = status.HTTP_200_OK
-        return _created(request, settings, first)
-    advance(session, job, slots_for(session, job, within_s=settings.runner_live_s))
     return _created(request, settings, job)
 
 
@@ -160,32 +109,14 @@ def list_jobs(
     jobs, total = store.jobs_page(
         session, status=status_, package=package, owner=owner, limit=limit, offset=offset
     )
-    items = [job_summary(job, job_url(request, settings, job.id)) for job in jobs]  # type: ignore[arg-type]
+    items = [views.job_summary(job, job_url(request, settings, job.id)) for job in jobs]  # type: ignore[arg-type]
     return JobPage(items=items, total=total, limit=limit, offset=offset)
-
-
-def job_summary(job: Job, url: str | None) -> JobSummary:
-    """A job as the list shows it (also `bisect-cli list` on the local database)."""
-    return JobSummary(
-        id=job.id,  # type: ignore[arg-type]
-        url=url,
-        status=job.status,
-        message=job.message,
-        package=job.package,
-        range=f"{job.good}..{job.bad}",
-        find_fix=job.find_fix,
-        requires_gpu=job.requires_gpu,
-        created_at=job.created_at,
-        finished_at=job.finished_at,
-        result=job.result,
-        owner=job.owner,
-    )
 
 
 @router.get("/{job_id}", response_model=JobPublic, responses={404: {"description": "no such job"}})
 def get_job_report(job_id: int, session: SessionDep, caller: ReaderDep) -> JobPublic:
     """The job's report (as `bisect-cli run --json` prints it) with its progress."""
-    return job_public(session, readable_job(session, job_id, caller))
+    return views.job_public(session, views.readable_job(session, job_id, caller))
 
 
 @router.get(
@@ -196,9 +127,9 @@ def get_job_report(job_id: int, session: SessionDep, caller: ReaderDep) -> JobPu
 def get_job_trial(job_id: int, number: int, session: SessionDep, caller: ReaderDep) -> TrialPublic:
     """The job's trial `number` (1, 2, ... in the order they were queued), as
     GET /trials/{trial_id} gives it; `bisect-cli logs JOB TRIAL` reads this."""
-    job = readable_job(session, job_id, caller)
+    job = views.readable_job(session, job_id, caller)
     assert job.id is not None
-    return trial_public(session, store.trial_by_number(session, job.id, number))
+    return views.trial_public(session, store.trial_by_number(session, job.id, number))
 
 
 @router.post(
@@ -209,9 +140,39 @@ def get_job_trial(job_id: int, number: int, session: SessionDep, caller: ReaderD
 def cancel_job(job_id: int, session: SessionDep, caller: WriterDep) -> JobPublic:
     """Cancel the job: queued trials are cancelled, leased ones are refused at their next
     heartbeat (409) so their runners kill them."""
-    job = readable_job(session, job_id, caller)
-    if not caller.may_change(job.owner):
-        raise Forbidden(f"job {job_id} was submitted by another token")
-    if not cancel(session, job):
-        raise Conflict(f"job {job_id} has already finished ({job.status})")
-    return job_public(session, job)
+    return views.job_public(session, actions.cancel_job(session, job_id, caller))
+
+
+@router.post(
+    "/{job_id}/again",
+    status_code=status.HTTP_201_CREATED,
+    response_model=JobCreated,
+    responses={404: {"description": "no such job"}, 422: {"description": "a bad field"}},
+)
+def bisect_again(
+    job_id: int,
+    request: Request,
+    session: SessionDep,
+    settings: SettingsDep,
+    caller: WriterDep,
+    body: AgainRequest | None = None,
+) -> JobCreated:
+    """A new job from this one's options: more repeats (`repeats`, default one more) and no
+    verdict reuse; with `candidate`, only that release and its testable neighbour
+    (service/actions.py)."""
+    new = actions.again_job(session, settings, job_id, caller, body or AgainRequest())
+    return _created(request, settings, new)
+
+
+@router.get(
+    "/{job_id}/report.md",
+    response_class=PlainTextResponse,
+    responses={200: {"content": {"text/markdown": {}}}, 404: {"description": "no such job"}},
+)
+def report_markdown(
+    job_id: int, request: Request, session: SessionDep, settings: SettingsDep, caller: ReaderDep
+) -> PlainTextResponse:
+    """The job's report as Markdown, ready to paste into an upstream issue."""
+    job = views.readable_job(session, job_id, caller)
+    text = views.job_markdown(session, job, f"{site_url(request, settings)}/jobs/{job_id}")
+    return PlainTextResponse(text, media_type="text/markdown; charset=utf-8")

@@ -35,10 +35,9 @@ from contract.wire import (
     RunnerRegistered,
     TrialReport,
 )
-from service import queue, store
+from service import actions, queue, store
 from service.http.deps import EngineDep, RunnerAuth, SessionDep, SettingsDep
 from service.models import Candidate, Job, Runner, TrialKind
-from service.scheduler import advance, slots_for
 from service.schemas import CompleteAck, ReturnAck
 from service.settings import Settings
 from service.specs import trial_spec
@@ -224,7 +223,7 @@ def complete(
     assert job is not None and candidate is not None
     verdict = record_report(session, job, candidate, trial, report, judged)
     queue.touch_runner(session, report.runner_id)
-    advance(session, job, slots_for(session, job, within_s=settings.runner_live_s))
+    actions.advance_job(session, job, settings)
     return CompleteAck(verdict=None if verdict is None else verdict.value)
 
 

@@ -1,44 +1,27 @@
 """Trials as clients read them: status, timings, log tail, analysis, samples (API tokens).
 
-The runner side of trials (heartbeat, complete, return) is in routes/runners.py.
+The runner side of trials (heartbeat, complete, return) is in routes/runners.py; what a
+trial reads as, and who may read it, is service/views.py's.
 """
 
 from typing import Annotated
 
 from fastapi import APIRouter, Query
-from sqlmodel import Session
 
 from contract.series import downsample
 from contract.wire import MAX_REPORT_SAMPLES, Sample
-from service import store
-from service.http.deps import Caller, ReaderDep, SessionDep
-from service.models import Candidate, Job, Trial
+from service import store, views
+from service.http.deps import ReaderDep, SessionDep
 from service.schemas import TrialPublic, TrialSamples
 from service.store import MAX_ID
 
 router = APIRouter(prefix="/trials", tags=["trials"])
 
 
-def readable_trial(session: Session, trial_id: int, caller: Caller) -> Trial:
-    """The trial, if this caller may see its job (404 otherwise)."""
-    trial = store.trial(session, trial_id)
-    job = session.get(Job, trial.job_id)
-    if job is None or not caller.may_read(job.owner):
-        raise store.TrialNotFound(f"trial {trial_id} not found")
-    return trial
-
-
 @router.get("/{trial_id}", response_model=TrialPublic, responses={404: {"description": "none"}})
 def get_trial_public(trial_id: int, session: SessionDep, caller: ReaderDep) -> TrialPublic:
     """One run of the script: who ran it, when, how it ended, its log tail and analysis."""
-    return trial_public(session, readable_trial(session, trial_id, caller))
-
-
-def trial_public(session: Session, trial: Trial) -> TrialPublic:
-    """A trial as clients read it (also `bisect-cli logs` on the local database)."""
-    candidate = session.get(Candidate, trial.candidate_id)
-    assert candidate is not None and trial.id is not None
-    return TrialPublic(**trial.model_dump(exclude={"id"}), id=trial.id, version=candidate.version)
+    return views.trial_public(session, views.readable_trial(session, trial_id, caller))
 
 
 @router.get(
@@ -60,7 +43,7 @@ def get_trial_samples(
     page is all of them), downsampled to `max_points` when given (contract/series.py: the
     minimum and maximum of each time bucket, so floors and spikes survive). `total` counts
     all of the trial's samples."""
-    readable_trial(session, trial_id, caller)
+    views.readable_trial(session, trial_id, caller)
     rows, total = store.samples_page(session, trial_id, offset=offset, limit=limit)
     samples = [
         Sample(t=s.t, rss=s.rss, anon=s.anon, shared=s.shared, gpu=s.gpu, step=s.step)
