@@ -7,8 +7,10 @@ inside a `MemoryCap` (cgroup v2, else cgroup v1, else the sampler's watchdog; wi
 pids limit), samples the supervisor's descendants (never the supervisor, nor the init of
 the script's PID namespace: `runners.shim.Init`, which the supervisor names) with a
 `Sampler` that re-lists the tree at every sample and adds the cgroup's process list,
-parses step markers from stdout, and returns an `Execution`. The runner process
-itself becomes a child subreaper as a backstop (`runners.sandbox.become_subreaper`).
+parses step markers from stdout, and returns an `Execution`. The run is followed by
+the watch loop both executors share (`runners.watch`: deadline, early-stop looks, the
+sample clock), with the process tree as its sample source (`_TreeSource`). The runner
+process itself becomes a child subreaper as a backstop (`runners.sandbox.become_subreaper`).
 
 Every trial runs under a cap: when ``memory_limit_bytes`` is None the cap is
 `runners.limits.default_limit_bytes()`, 80% of the memory available to the
@@ -44,134 +46,44 @@ Outcomes:
 ``env`` is the script's complete environment as with `subprocess.Popen` (None: the
 allowlist of `runners.sandbox.allowed_env` with HOME = ``cwd``); ``BISECT_*``
 variables are always removed and ``PYTHONUNBUFFERED=1`` is added unless set so that
-step markers arrive on time. ``on_sample`` is called from the sampler thread with
-every sample (for live displays); keep it quick.
+step markers arrive on time. ``on_sample`` is called from the watch loop (the calling
+thread) with every sample (for live displays); keep it quick.
 """
 
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import threading
 import time
-from collections import deque
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Literal
+from typing import Literal
 
 import psutil
 
-from contract.earlystop import EarlyStopper, seen_by_samples
-from contract.wire import EarlyStop, EarlyStopRecord, Sample
+from contract.wire import EarlyStop, Sample
 from runners.limits import DEFAULT_PIDS_LIMIT, CapMethod, MemoryCap, default_limit_bytes
-from runners.markers import parse_marker
 from runners.nvml import GpuProbe
 from runners.sampler import Sampler
 from runners.sandbox import allowed_env, become_subreaper, scrub
 from runners.supervise import Outcome, Supervised
 from runners.users import Identity, identities, processes
+from runners.watch import (
+    LOG_TAIL_BYTES,
+    STDERR_TAIL_BYTES,
+    Execution,
+    Output,
+    WatchArgs,
+    Watched,
+    watch,
+)
 
-LOG_TAIL_BYTES = 4096
-STDERR_TAIL_BYTES = 2048
-_MAX_LINE = 64 * 1024  # longer lines are split; a runaway print cannot eat the runner's memory
+log = logging.getLogger(__name__)
+
 _GONE = (psutil.NoSuchProcess, psutil.ZombieProcess, psutil.AccessDenied)
 NO_OWN_USER = "no user of its own (runs as the runner's uid)"
-
-
-@dataclass
-class Execution:
-    exit_code: int | None
-    oom_killed: bool
-    timed_out: bool
-    cap_method: str
-    duration_s: float
-    log_tail: str
-    samples: list[Sample] = field(default_factory=list)
-    steps: list[tuple[float, int]] = field(default_factory=list)
-    gpu_source: str = "unavailable"
-    host_source: str = "psutil"
-    stderr_tail: str = ""
-    memory_limit_bytes: int = 0
-    peak_rss: int = 0
-    cgroup_peak_bytes: int | None = None
-    oom_kill_count: int | None = None
-    cap_notes: list[str] = field(default_factory=list)
-    error: str | None = None  # the script could not be started (exit_code is then None)
-    pids_limit: int | None = None
-    stopped_early: str | None = None  # why the early-stop rule ended the trial
-    early_stop: EarlyStopRecord | None = None  # its horizon and looks (None: no settings)
-    missing_protections: list[str] = field(default_factory=list)  # isolation it did not get
-
-
-class _Tail:
-    """The last ``limit`` characters of a stream of lines."""
-
-    def __init__(self, limit: int):
-        self.limit = limit
-        self.lines: deque[str] = deque()
-        self.size = 0
-
-    def add(self, line: str) -> None:
-        if len(line) > self.limit:
-            line = line[-self.limit :]
-        self.lines.append(line)
-        self.size += len(line)
-        while self.size > self.limit and len(self.lines) > 1:
-            self.size -= len(self.lines.popleft())
-
-    def text(self) -> str:
-        s = "".join(self.lines)
-        return s[-self.limit :]
-
-
-class _Output:
-    """Reads the child's stdout (markers) and stderr into tails."""
-
-    def __init__(self, t0: float, on_step: Callable[[int], None]):
-        self.t0 = t0
-        self.on_step = on_step
-        self.lock = threading.Lock()
-        self.merged = _Tail(LOG_TAIL_BYTES)
-        self.stderr = _Tail(LOG_TAIL_BYTES)
-        self.steps: list[tuple[float, int]] = []
-        self._last_step = 0
-
-    def read_stdout(self, f: IO[bytes]) -> None:
-        for raw in iter(lambda: f.readline(_MAX_LINE), b""):
-            line = raw.decode("utf-8", errors="replace")
-            is_marker, n = parse_marker(line)
-            if is_marker:
-                t = time.monotonic() - self.t0
-                step = n if n is not None else self._last_step + 1
-                self._last_step = step
-                with self.lock:
-                    self.steps.append((t, step))
-                self.on_step(step)
-                continue
-            with self.lock:
-                self.merged.add(line)
-
-    def read_stderr(self, f: IO[bytes]) -> None:
-        for raw in iter(lambda: f.readline(_MAX_LINE), b""):
-            line = raw.decode("utf-8", errors="replace")
-            with self.lock:
-                self.merged.add(line)
-                self.stderr.add(line)
-
-    def log_tail(self, crashed: bool) -> str:
-        with self.lock:
-            merged = self.merged.text()
-            err = self.stderr.text()
-        if not crashed or not err:
-            return merged
-        err = err[-STDERR_TAIL_BYTES:]
-        if err in merged:
-            return merged
-        # Chatty stdout pushed the traceback out of the merged tail: keep both halves.
-        keep = LOG_TAIL_BYTES - len(err) - 40
-        head = merged[-keep:] if keep > 0 else ""
-        return f"{head}\n[... stderr tail ...]\n{err}"
 
 
 class TrialKill:
@@ -230,6 +142,31 @@ def _sweep(procs: Iterable[psutil.Process]) -> int:
     return alive
 
 
+class _TreeSource:
+    """The `runners.watch.SampleSource` of a local run: its process tree, sampled by its
+    `Sampler` (which also kills escapes and trips the watchdog), ended by its supervisor."""
+
+    def __init__(self, sampler: Sampler, supervised: Supervised) -> None:
+        self.sampler = sampler
+        self.supervised = supervised
+
+    def sample(self, t: float, step: int | None) -> Sample | None:
+        # `t` is left to the sampler: it stamps the sample when the tree has been read.
+        try:
+            return self.sampler.take(step)
+        except Exception:  # noqa: BLE001 - keep watching; a surprise is logged, not fatal
+            log.exception("sampling the trial's tree failed")
+            return None
+
+    def wait_end(self, timeout: float) -> bool:
+        return self.supervised.wait(timeout)
+
+    def stop(self) -> None:
+        """End the tree now and wait for the supervisor."""
+        self.supervised.stop()
+        self.supervised.wait_stopped()
+
+
 class _ScriptRun:
     """One script under its supervisor, cap, sampler and output readers."""
 
@@ -258,23 +195,19 @@ class _ScriptRun:
             isolate=True,
         )
         self.run_as = run_as
-        self.timed_out = False
-        self.stopped_early: str | None = None
-        self.stopper: EarlyStopper | None = None
+        self.seen = Watched()
         self.t0 = 0.0
         self.duration = 0.0
         self.swept = 0
 
-    def start(
-        self, *, sample_hz: float, gpu: GpuProbe | None, on_sample: Callable[[Sample], None] | None
-    ) -> None:
+    def start(self, *, sample_hz: float, gpu: GpuProbe | None) -> None:
         cap = self.cap
         self.t0 = time.monotonic()
         proc = self.supervised.start()
         watchdog = cap.method == "watchdog"
         self.sampler = Sampler(
             proc.pid,
-            hz=sample_hz,
+            hz=sample_hz,  # the watch loop keeps the pace; the sampler checks the rate
             gpu=gpu,
             start_time=self.t0,
             refresh_s=0.0,  # every sample: a double fork cannot hide between refreshes
@@ -285,9 +218,9 @@ class _ScriptRun:
             watchdog_limit_bytes=cap.limit_bytes if watchdog else None,
             pids_limit=self.pids_limit if cap.pids_limit is None else None,
             on_watchdog=self._watchdog,
-            on_sample=on_sample,
         )
-        self.out = _Output(self.t0, self.sampler.set_step)
+        self.sampler.attach()
+        self.out = Output(self.t0)
         assert proc.stdout is not None and proc.stderr is not None
         self.readers = [
             threading.Thread(target=self.out.read_stdout, args=(proc.stdout,), daemon=True),
@@ -295,44 +228,29 @@ class _ScriptRun:
         ]
         for r in self.readers:
             r.start()
-        self.sampler.start()
 
     def _watchdog(self) -> None:
         self.cap.trip()
         self.supervised.stop()
 
-    def wait(self, timeout_s: float, early_stop: EarlyStop | None = None) -> None:
-        """Until the script exits, the timeout passes or the early-stop rule fires."""
-        deadline = time.monotonic() + timeout_s
-        self.stopper = None if early_stop is None else EarlyStopper(early_stop)
-        while True:
-            left = deadline - time.monotonic()
-            chunk = left if early_stop is None else min(left, early_stop.look_every_s)
-            if self.supervised.wait(max(chunk, 0.0)):
-                return
-            if time.monotonic() >= deadline:
-                self.timed_out = True
-                self.stop()
-                return
-            reason = self._look()
-            if reason is not None:
-                self.stopped_early = reason
-                self.stop()
-                return
-
-    def _look(self) -> str | None:
-        """One look of the trial's `EarlyStopper` at the samples and markers so far."""
-        assert self.stopper is not None
-        samples = list(self.sampler.samples)  # a copy: the sampler thread appends
-        steps = seen_by_samples(list(self.out.steps), samples[-1].step if samples else None)
-        return self.stopper.look(
-            [x.t for x in samples], [x.rss for x in samples], steps, self.cap.limit_bytes
-        )
+    def wait(
+        self,
+        timeout_s: float,
+        *,
+        sample_hz: float,
+        early_stop: EarlyStop | None = None,
+        on_sample: Callable[[Sample], None] | None = None,
+    ) -> None:
+        """Until the script exits, the timeout passes or the early-stop rule fires
+        (`runners.watch.watch`)."""
+        args = WatchArgs(t0=self.t0, deadline=time.monotonic() + timeout_s, sample_hz=sample_hz,
+                         memory_limit_bytes=self.cap.limit_bytes, early_stop=early_stop,
+                         on_sample=on_sample)  # fmt: skip
+        self.seen = watch(_TreeSource(self.sampler, self.supervised), self.out, args)
 
     def stop(self) -> None:
-        """End the tree now (timeout, interrupt) and wait for the supervisor."""
-        self.supervised.stop()
-        self.supervised.wait_stopped()
+        """End the tree now (interrupt) and wait for the supervisor."""
+        _TreeSource(self.sampler, self.supervised).stop()
 
     def finish(self) -> None:
         """After the supervisor exited: nothing of the trial survives it."""
@@ -377,11 +295,11 @@ class _ScriptRun:
         return Execution(
             exit_code=exit_code,
             oom_killed=self.cap.oom_killed(exit_code),
-            timed_out=self.timed_out,
+            timed_out=self.seen.timed_out,
             cap_method=self.cap.method,
             duration_s=self.duration,
             log_tail=log_tail[-LOG_TAIL_BYTES:],
-            samples=list(s.samples),
+            samples=self.seen.samples,
             steps=list(self.out.steps),
             gpu_source=s.gpu_source if gpu is not None else "unavailable",
             host_source="psutil",
@@ -393,8 +311,8 @@ class _ScriptRun:
             cap_notes=self.notes(outcome),
             error=outcome.error,
             pids_limit=self.cap.pids_limit or self.pids_limit,
-            stopped_early=self.stopped_early,
-            early_stop=None if self.stopper is None else self.stopper.record(),
+            stopped_early=self.seen.stopped_early,
+            early_stop=self.seen.early_stop,
             missing_protections=self.missing(outcome),
         )
 
@@ -454,11 +372,11 @@ def run_script(
             cap, [python, str(script), *args], cwd=cwd, env=script_env(env, cwd), run_as=who,
             pids_limit=pids_limit,
         )  # fmt: skip
-        run.start(sample_hz=sample_hz, gpu=gpu, on_sample=on_sample)
+        run.start(sample_hz=sample_hz, gpu=gpu)
         try:
             if on_start is not None:
                 on_start(TrialKill(run.supervised))
-            run.wait(timeout_s, early_stop)
+            run.wait(timeout_s, sample_hz=sample_hz, early_stop=early_stop, on_sample=on_sample)
         except BaseException:
             # Interrupted (KeyboardInterrupt, a stale lease...): never leave the tree running.
             run.stop()

@@ -231,6 +231,23 @@ class Sampler:
 
     def sample_once(self) -> Sample | None:
         """Take one sample now and append it; None when no process of the tree is alive."""
+        sample = self.take(self.step)
+        if sample is None:
+            return None
+        self.samples.append(sample)
+        if self.on_sample is not None:
+            try:
+                self.on_sample(sample)
+            except Exception:  # noqa: BLE001 - a display callback must not stop sampling
+                if not self._callback_failed:
+                    self._callback_failed = True
+                    log.exception("on_sample callback failed")
+        return sample
+
+    def take(self, step: int | None, t: float | None = None) -> Sample | None:
+        """One sample carrying `step`, not kept (the trials' watch loop, `runners.watch`,
+        keeps its own): the tree re-listed when due, escapes killed, the peak and the
+        watchdog updated; `t` defaults to now. None when no process of the tree is alive."""
         if not self._attached:
             self.attach()
         if time.monotonic() - self._last_refresh >= self.refresh_s:
@@ -240,24 +257,16 @@ class Sampler:
             return None
         assert self.start_time is not None
         sample = Sample(
-            t=time.monotonic() - self.start_time,
+            t=time.monotonic() - self.start_time if t is None else t,
             rss=rss,
             anon=rss - shared if shared is not None else None,
             shared=shared,
             gpu=self._gpu(alive),
-            step=self.step,
+            step=step,
         )
-        self.samples.append(sample)
         if rss > self.peak_rss:
             self.peak_rss = rss
         self._watch(rss)
-        if self.on_sample is not None:
-            try:
-                self.on_sample(sample)
-            except Exception:  # noqa: BLE001 - a display callback must not stop sampling
-                if not self._callback_failed:
-                    self._callback_failed = True
-                    log.exception("on_sample callback failed")
         return sample
 
     def _host(self) -> tuple[int, int | None, list[int]]:

@@ -20,7 +20,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from contract.wire import EnvResult, EnvSpec, Tracer, TraceStop, TrialSpec
+from contract.wire import EnvResult, EnvSpec, Tracer, TraceStop
 from runners import safefs
 
 MEMRAY_REQUIREMENT = "memray"
@@ -47,21 +47,17 @@ def stop_args(stop: TraceStop | None) -> list[str]:
     return [str(stop.markers or 0), repr(float(stop.seconds or 0))]
 
 
-def tracer_of(spec: TrialSpec) -> Tracer | None:
-    return spec.trace if spec.kind == "attribute" else None
+def traced_env(env: EnvSpec, tracer: Tracer | None) -> EnvSpec:
+    """The environment a trial builds: its own, plus memray under the memray tracer (the
+    tracer is the trial kind's: `runners.kinds`)."""
+    if tracer != "memray":
+        return env
+    return env.model_copy(update={"requirements": [*env.requirements, MEMRAY_REQUIREMENT]})
 
 
-def env_of(spec: TrialSpec) -> EnvSpec:
-    """The environment a trial builds: its own, plus memray for a memray trial."""
-    if tracer_of(spec) != "memray":
-        return spec.env
-    requirements = [*spec.env.requirements, MEMRAY_REQUIREMENT]
-    return spec.env.model_copy(update={"requirements": requirements})
-
-
-def failed_build(spec: TrialSpec, env: EnvResult) -> dict[str, Any] | None:
+def failed_build(tracer: Tracer | None, env: EnvResult) -> dict[str, Any] | None:
     """The profile of a trial whose environment did not build: memray's install said why."""
-    return not_installed("memray", env.error) if tracer_of(spec) == "memray" else None
+    return not_installed("memray", env.error) if tracer == "memray" else None
 
 
 def read_profile(path: Path, *, uid: int | None = None) -> dict[str, Any]:

@@ -7,34 +7,22 @@ be killed: another thread calls it when the lease is lost or the runner stops. F
 local executor it is a `runners.executor.TrialKill`, whose ``pgid`` names the trial's
 process group.
 
-`execute_trial` is the local executor's work, by `TrialSpec.kind`:
-
-* ``"run"``: build (or reuse) the environment as the build user, then run the script as
-  the trial user (both when the runner is root: `runners.users`, a user leased for the
-  trial) in a private working directory (0700, owned by the trial user, removed
-  afterwards) holding the script, its ``HOME`` and its ``TMPDIR``, all made while the
-  directory is still root's (`runners.sandbox.private_dir`), with the allowlisted
-  environment plus the job's own ``variables`` (`runners.sandbox.allowed_env`). The
-  report carries at most `MAX_REPORT_SAMPLES` samples (`contract.series.downsample`: min
-  and max per time bucket) and ``samples_taken`` says how many were taken.
-* ``"attribute"``: as ``"run"``, with the script under the allocation tracer
-  `TrialSpec.trace` (`runners.tracing`: memray is added to the environment for it),
-  which ends the run itself at `TrialSpec.trace_stop`, and the tracer's profile in
-  `TrialReport.attribution`; memray that does not install is the profile's ``error``,
-  not a failed trial.
-* ``"resolve"``: no script; `runners.envs.resolve_pins` (``uv pip compile``, sandboxed as
-  any build) and a report with ``pins``, or ``env.ok=False`` and ``env.error`` when the
-  requirements cannot be resolved.
-* ``"commits"``: no script, no build; `runners.commits.answer` lists the commits of
-  `TrialSpec.commit_range` (a blob-less clone cached under ``cache_dir/git``:
-  `runners.gitcache`, locked while in use, least recently used evicted over its budget;
-  git bounded like a trial: `runners.gitrun`) into ``commits``, or says why in
-  ``env.error``.
+`execute_trial` is the local executor's work: the build phase of the spec's kind
+(`runners.kinds`, the one handler per kind: what each kind does is said there) in this
+process, then, for the kinds that run a script, the script: built (or reused) as the
+build user, run as the trial user (both when the runner is root: `runners.users`, a user
+leased for the trial) in a private working directory (0700, owned by the trial user,
+removed afterwards) holding the script, its ``HOME`` and its ``TMPDIR``, all made while
+the directory is still root's (`runners.sandbox.private_dir`), with the allowlisted
+environment plus the job's own ``variables`` (`runners.sandbox.allowed_env`); under the
+kind's tracer, the tracer's helper beside it. The report carries at most
+`MAX_REPORT_SAMPLES` samples (`contract.series.downsample`: min and max per time bucket)
+and ``samples_taken`` says how many were taken. Git clones are cached under
+``cache_dir/git``.
 """
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -42,12 +30,14 @@ from contract.errors import InvalidInput
 from contract.executor import Kill
 from contract.series import downsample
 from contract.wire import MAX_REPORT_SAMPLES, EnvResult, Sample, TrialReport, TrialSpec
-from runners import commits, tracing
-from runners.envs import EnvError, build_env, prepare_dirs, resolve_pins
-from runners.executor import Execution, run_script
+from runners import tracing
+from runners.envs import prepare_dirs
+from runners.executor import run_script
+from runners.kinds import Dirs, Ready, handler
 from runners.nvml import GpuProbe
 from runners.sandbox import allowed_env, private_dir
 from runners.users import lease_trial_user
+from runners.watch import Execution
 
 SUBDIRS = ("home", "tmp")  # the trial's HOME and TMPDIR, in its work dir
 
@@ -97,43 +87,36 @@ def execute_trial(
     log: Callable[[str], None] | None = None,
     on_start: Callable[[Kill], None] | None = None,
 ) -> TrialReport:
-    """Do one trial as `spec.kind` says (see the module docstring) and report."""
-    if spec.kind == "resolve":
-        return _resolve(spec, cache_dir)
-    if spec.kind == "commits":
-        return commits.report(spec, commits.answer(spec.commit_range, cache_dir / "git"))
+    """Do one trial as its kind's handler says (see the module docstring) and report."""
+    kind = handler(spec.kind)
+    dirs = Dirs(env_root=env_root, uv_cache=cache_dir, git_cache=cache_dir / "git")
+    answer = kind.phase.work(kind.given(kind.env(spec), spec.commit_range), dirs, spec.owner, log)
+    ready = kind.settle(spec, answer)
+    if isinstance(ready, TrialReport):
+        return ready
     try:
-        env: EnvResult = build_env(
-            tracing.env_of(spec), root=env_root, cache_dir=cache_dir, log=log, owner=spec.owner
-        )
-    except EnvError as exc:
-        env = EnvResult(ok=False, error=str(exc))
-    if not env.ok or env.python_executable is None:
-        return TrialReport(trial_id=spec.trial_id, attempt=spec.attempt, env=env,
-                           attribution=tracing.failed_build(spec, env))  # fmt: skip
-    try:
-        run, profile = _run(spec, env.python_executable, gpu, on_sample, on_start)
+        run, profile = _run(spec, ready, gpu, on_sample, on_start)
     except InvalidInput as exc:  # a BISECT_* variable: nothing ran
         return TrialReport(
-            trial_id=spec.trial_id, attempt=spec.attempt, env=env, error=exc.detail()
+            trial_id=spec.trial_id, attempt=spec.attempt, env=ready.env, error=exc.detail()
         )
-    return _report(spec, env, run).model_copy(update={"attribution": profile})
+    return _report(spec, ready.env, run).model_copy(update={"attribution": profile})
 
 
 def _run(
     spec: TrialSpec,
-    python: str,
+    ready: Ready,
     gpu: GpuProbe | None,
     on_sample: Callable[[Sample], None] | None,
     on_start: Callable[[Kill], None] | None,
 ) -> tuple[Execution, dict | None]:
     """The script in a private working directory with its own HOME and TMPDIR; with
-    `spec.trace`, under the tracer, and the profile it wrote.
+    `ready.tracer`, under the tracer, and the profile it wrote.
 
     The script (and the tracer's helper) are written while the directory is root's; the
     trial user gets it only then (`private_dir`), so no one can plant a link at their
     names first, and root reads the profile back only through `runners.safefs`."""
-    name, tracer = script_name(spec), tracing.tracer_of(spec)
+    name, tracer = script_name(spec), ready.tracer
     files = {name: spec.script.encode()}
     if tracer:
         files[tracing.HELPER_NAME] = tracing.helper_source().encode()
@@ -148,7 +131,7 @@ def _run(
             args = tracing.helper_args(tracer, work / tracing.PROFILE_NAME, script,
                                        tracing.stop_args(spec.trace_stop))  # fmt: skip
         run = run_script(
-            python,
+            ready.python,
             command,
             args=args,
             name=script.stem,
@@ -200,15 +183,3 @@ def _report(spec: TrialSpec, env: EnvResult, run: Execution) -> TrialReport:
         early_stop=run.early_stop,
         missing_protections=run.missing_protections,
     )
-
-
-def _resolve(spec: TrialSpec, cache_dir: Path) -> TrialReport:
-    """A resolve trial: the pins of ``PKG==VER`` + requirements, or why there are none."""
-    started = time.monotonic()
-    try:
-        pins = resolve_pins(spec.env, cache_dir=cache_dir, owner=spec.owner)
-    except EnvError as exc:
-        env = EnvResult(ok=False, error=str(exc), seconds=round(time.monotonic() - started, 3))
-        return TrialReport(trial_id=spec.trial_id, attempt=spec.attempt, env=env)
-    env = EnvResult(ok=True, seconds=round(time.monotonic() - started, 3))
-    return TrialReport(trial_id=spec.trial_id, attempt=spec.attempt, env=env, pins=pins)

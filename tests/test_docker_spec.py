@@ -177,6 +177,6 @@ def test_an_unknown_executor_is_refused(monkeypatch: pytest.MonkeyPatch) -> None
 def test_the_entry_runs_every_tracer_the_wire_names() -> None:
     # docker_entry spells the tracers out (its run phase does not import pydantic).
     from contract import wire
-    from runners.docker.executor import docker_entry
+    from runners.docker import entry as docker_entry
 
     assert docker_entry.TRACERS == wire.TRACERS == ("memray", "tracemalloc")  # cheaper first

@@ -7,9 +7,12 @@
     python -m runners.docker.entry run PYTHON SCRIPT TRACER [MARKERS SECONDS]
                                                                 (run phase, attribute trial)
 
-``build`` builds (or reuses) the candidate's environment under ENV_ROOT with uv
-(`runners.envs.build_env`) and prints the `EnvResult` as one JSON line on stdout; uv's
-progress goes to stderr. ``resolve`` prints ``{"pins": [...]}`` or ``{"error": "..."}``.
+``build``, ``resolve`` and ``commits`` are the build phases of the trial kinds
+(`runners.kinds.PHASES`, the same work the local executor does): ``build`` builds (or
+reuses) the candidate's environment under ENV_ROOT with uv (`runners.envs.build_env`) and
+prints the `EnvResult` as one JSON line on stdout; uv's progress goes to stderr.
+``resolve`` prints ``{"pins": [...], "seconds": S}`` or ``{"error": "...", "seconds": S}``;
+``commits`` lists the commits into the cache volume's clones (`runners.commits.answer`).
 
 ``run`` runs ``PYTHON SCRIPT`` in the script's directory with this process's environment
 (the container's, already the allowlist), forwards SIGTERM/SIGINT to it, and when it ends
@@ -35,6 +38,10 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from runners.kinds import Phase
 
 EXIT_MARKER = "::leakbisect-exit::"
 HOLD_S = 30.0
@@ -42,36 +49,16 @@ HOLD_S = 30.0
 TRACERS = ("memray", "tracemalloc")
 
 
-def _build(kind: str, env_root: str, spec_json: str) -> int:
-    from contract.wire import EnvResult, EnvSpec
-    from runners.docker.spec import UV_CACHE
-    from runners.envs import EnvError, build_env, resolve_pins
-
-    if kind == "commits":  # list them into the cache volume's clones (runners/commits.py)
-        from contract.wire import CommitRange
-        from runners import commits
-        from runners.docker.spec import GIT_CACHE
-
-        answer = commits.answer(CommitRange.model_validate_json(spec_json), Path(GIT_CACHE))
-        print(json.dumps(answer), flush=True)
-        return 0
-    spec = EnvSpec.model_validate_json(spec_json)
+def _build(phase: Phase, env_root: str, given_json: str) -> int:
+    """One trial kind's build phase (`runners.kinds.Phase`): its answer as one JSON line."""
+    from runners.docker.spec import GIT_CACHE, UV_CACHE
+    from runners.kinds import Dirs
 
     def log(line: str) -> None:
         print(line, file=sys.stderr, flush=True)
 
-    if kind == "resolve":
-        try:
-            out: dict = {"pins": resolve_pins(spec, cache_dir=Path(UV_CACHE))}
-        except EnvError as exc:
-            out = {"error": str(exc)}
-        print(json.dumps(out), flush=True)
-        return 0
-    try:
-        env = build_env(spec, root=Path(env_root), cache_dir=Path(UV_CACHE), log=log)
-    except EnvError as exc:
-        env = EnvResult(ok=False, error=str(exc))
-    print(env.model_dump_json(), flush=True)
+    dirs = Dirs(env_root=Path(env_root), uv_cache=Path(UV_CACHE), git_cache=Path(GIT_CACHE))
+    print(json.dumps(phase.work(phase.parse(given_json), dirs, None, log)), flush=True)
     return 0
 
 
@@ -98,8 +85,12 @@ def _run(python: str, script: str, tracer: str | None = None, stop: list[str] | 
 
 
 def main(argv: list[str]) -> int:
-    if len(argv) == 3 and argv[0] in ("build", "resolve", "commits"):
-        return _build(argv[0], argv[1], argv[2])
+    if len(argv) == 3 and argv[0] != "run":
+        # Imported here: the run phase stays off pydantic (its memory is the trial's).
+        from runners.kinds import PHASES
+
+        if argv[0] in PHASES:
+            return _build(PHASES[argv[0]], argv[1], argv[2])
     if len(argv) == 3 and argv[0] == "run":
         return _run(argv[1], argv[2])
     if len(argv) in (4, 6) and argv[0] == "run" and argv[3] in TRACERS:

@@ -3,22 +3,25 @@
 Same interface as the local executor (`runners.trial.Executor`). Per trial
 (`runners.docker.spec` has the exact container settings):
 
-1. a **build** container (host network, the owner's uv cache volume) builds or reuses the
-   candidate's environment with `runners.docker.entry`, or resolves its pins;
+1. a **build** container (host network, the owner's uv cache volume) does the build phase
+   of the trial's kind with `runners.docker.entry` (`runners.kinds`: build or reuse the
+   candidate's environment, resolve its pins, or list commits, its clones kept in the
+   cache volume) and prints its answer;
 2. a **run** container (no network, unprivileged, no capabilities, pids limit, read-only
    root, ``mem_limit`` = ``memswap_limit`` = the job's cap) runs the script, which is put
    into its per-trial volume before it starts; `runners.docker.watch` samples its cgroup
    and reads the verdict of the kernel's OOM killer before the container goes.
 
-A ``"commits"`` trial only has the build container, which lists the commits
-(`runners.commits.answer`, its clones kept in the cache volume) and prints them.
+A kind that runs no script has only the build container; one that reads a repository
+(`runners.kinds.Handler.reads_repo`) is refused a local clone before any container starts.
 
-An ``"attribute"`` trial (`runners.tracing`) builds the traced environment (memray added
-for the memray tracer; when it does not install, the report's ``attribution`` says so),
-puts the tracer's helper into the run container's volume beside the script (the trial
-user's, as the script is), runs the script under it, and copies the profile the helper
-wrote out of the stopped container (at most `runners.tracing.MAX_PROFILE_BYTES`) into
-``attribution``, read as the local executor reads it.
+Under the kind's tracer (an attribute trial, `runners.tracing`) the build container builds
+the traced environment (memray added for the memray tracer; when it does not install, the
+report's ``attribution`` says so), and the executor puts the tracer's helper into the
+run container's volume beside the script (the trial user's, as the script is), runs the
+script under it, and copies the profile the helper wrote out of the stopped container (at
+most `runners.tracing.MAX_PROFILE_BYTES`) into ``attribution``, read as the local
+executor reads it.
 
 Each container is removed (with its anonymous volume) once its output and state are read.
 Containers carry the labels ``leakbisect.runner`` and ``leakbisect.trial``; a starting
@@ -41,7 +44,7 @@ from typing import Any
 
 from contract.errors import InvalidInput, Unavailable
 from contract.executor import Kill
-from contract.wire import EnvResult, EnvSpec, Sample, TrialReport, TrialSpec
+from contract.wire import Sample, TrialReport, TrialSpec
 from runners import commits, tracing
 from runners.docker.cgroup import DEFAULT_ROOT
 from runners.docker.spec import (
@@ -53,13 +56,14 @@ from runners.docker.spec import (
     parse_result,
     run_kwargs,
 )
-from runners.docker.watch import Watch, WatchArgs, watch
+from runners.docker.watch import RunArgs, Watch, watch
 from runners.envs import INSTALL_TIMEOUT_S
-from runners.executor import Execution
+from runners.kinds import Handler, built_env, handler
 from runners.limits import default_limit_bytes
 from runners.nvml import GpuProbe
 from runners.sandbox import check_variables
 from runners.trial import _report
+from runners.watch import Execution
 
 DEFAULT_IMAGE = "leakbisect-runner:latest"
 IMAGE_ENV = "BISECT_RUNNER_IMAGE"
@@ -195,35 +199,33 @@ class DockerExecutor:
         kill = _TrialKill()
         if on_start is not None:
             on_start(kill)
-        tracer = tracing.tracer_of(spec)
-        if spec.kind == "commits" and _local_clone(spec):
-            return commits.report(spec, {"error": LOCAL_CLONE})
-        result = self._build(spec, tracing.env_of(spec), kill, log)
-        if spec.kind == "resolve":
-            return _resolve_report(spec, result)
-        if spec.kind == "commits":
-            return commits.report(spec, result)
-        env = EnvResult.model_validate(result) if "ok" in result else _failed(result)
-        if not env.ok or env.python_executable is None or kill.killed:
-            profile = None if env.ok or kill.killed else tracing.failed_build(spec, env)
-            return TrialReport(trial_id=spec.trial_id, attempt=spec.attempt, env=env,
-                               error="killed" if kill.killed else None,
-                               attribution=profile)  # fmt: skip
+        kind = handler(spec.kind)
+        if kind.reads_repo and _local_clone(spec):  # refused before any container starts
+            answer: dict[str, Any] = {"error": LOCAL_CLONE}
+        else:
+            answer = self._build(spec, kind, kill, log)
+        if kind.runs_script and kill.killed:
+            return TrialReport(trial_id=spec.trial_id, attempt=spec.attempt,
+                               env=built_env(answer), error="killed")  # fmt: skip
+        ready = kind.settle(spec, answer)
+        if isinstance(ready, TrialReport):
+            return ready
         try:
-            run, profile = self._run(spec, env.python_executable, kill, on_sample, tracer)
+            run, profile = self._run(spec, ready.python, kill, on_sample, ready.tracer)
         except InvalidInput as exc:  # a BISECT_* variable: nothing ran
             return TrialReport(
-                trial_id=spec.trial_id, attempt=spec.attempt, env=env, error=exc.detail()
+                trial_id=spec.trial_id, attempt=spec.attempt, env=ready.env, error=exc.detail()
             )
-        return _report(spec, env, run).model_copy(update={"attribution": profile})
+        return _report(spec, ready.env, run).model_copy(update={"attribution": profile})
 
     def _build(
-        self, spec: TrialSpec, env: EnvSpec, kill: _TrialKill, log: Callable[[str], None] | None
+        self, spec: TrialSpec, kind: Handler, kill: _TrialKill, log: Callable[[str], None] | None
     ) -> dict[str, Any]:
-        """The build container's JSON answer (an `EnvResult`, pins, or commits), or an error."""
+        """The build container's JSON answer (the kind's `runners.kinds.Phase` work), or an
+        error."""
         started = time.monotonic()
-        kwargs = build_kwargs(self.settings, spec.trial_id, spec.attempt, spec.kind, env,
-                              spec.commit_range, owner=spec.owner)  # fmt: skip
+        kwargs = build_kwargs(self.settings, spec.trial_id, spec.attempt, kind.kind,
+                              kind.env(spec), spec.commit_range, owner=spec.owner)  # fmt: skip
         container = self.client.containers.run(**kwargs)
         kill.current(container)
         try:
@@ -278,8 +280,8 @@ class DockerExecutor:
             kill.current(container, w)
             container.start()
             t0 = time.monotonic()
-            args = WatchArgs(spec.timeout_s, spec.sample_hz, limit, self.cgroup_root,
-                             self.gpu, on_sample, spec.early_stop)  # fmt: skip
+            args = RunArgs(spec.timeout_s, spec.sample_hz, limit, self.cgroup_root,
+                           self.gpu, on_sample, spec.early_stop)  # fmt: skip
             run = watch(container, args, w, t0)
             return run, (_profile(container) if tracer else None)
         finally:
@@ -346,16 +348,3 @@ def _remove(container: Any) -> None:
 def _local_clone(spec: TrialSpec) -> bool:
     repo = spec.commit_range.repo if spec.commit_range else ""
     return bool(repo) and (not commits.is_url(repo) or repo.startswith("file:"))
-
-
-def _failed(result: dict[str, Any]) -> EnvResult:
-    return EnvResult(ok=False, error=str(result.get("error") or "build failed"),
-                     seconds=float(result.get("seconds") or 0.0))  # fmt: skip
-
-
-def _resolve_report(spec: TrialSpec, result: dict[str, Any]) -> TrialReport:
-    if isinstance(result.get("pins"), list):
-        env = EnvResult(ok=True)
-        return TrialReport(trial_id=spec.trial_id, attempt=spec.attempt, env=env,
-                           pins=[str(p) for p in result["pins"]])  # fmt: skip
-    return TrialReport(trial_id=spec.trial_id, attempt=spec.attempt, env=_failed(result))

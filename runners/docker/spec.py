@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from contract.wire import CommitRange, EnvSpec
+from runners.kinds import handler
 from runners.limits import DEFAULT_PIDS_LIMIT
 from runners.publish import owner_key
 from runners.sandbox import DEFAULT_PATH, allowed_env
@@ -125,7 +126,7 @@ def build_kwargs(
     owner: str | None = None,
 ) -> dict[str, Any]:
     """The build-phase container: host network, `owner`'s cache (and env) volume writable;
-    a commits trial lists `commit_range` in it instead of building `env`."""
+    it does `kind`'s build phase (`runners.kinds`) on `env` or `commit_range`."""
     environment = {
         "PATH": DEFAULT_PATH,
         "LANG": "C.UTF-8",
@@ -135,10 +136,10 @@ def build_kwargs(
     }
     if settings.env_volume:
         environment["UV_LINK_MODE"] = "copy"
-    mode = kind if kind in ("resolve", "commits") else "build"
-    payload = commit_range if kind == "commits" and commit_range is not None else env
-    command = [ENTRY_PYTHON, "-m", "runners.docker.entry", mode, settings.env_root,
-               payload.model_dump_json()]  # fmt: skip
+    handled = handler(kind)  # the entry's command is the kind's build phase
+    given = handled.given(env, commit_range)
+    command = [ENTRY_PYTHON, "-m", "runners.docker.entry", handled.phase.name, settings.env_root,
+               "null" if given is None else given.model_dump_json()]  # fmt: skip
     return {
         "image": settings.image,
         "command": command,

@@ -1,16 +1,15 @@
-"""Watch one run-phase container: logs, memory samples, the end, the OOM verdict.
+"""One run-phase container as the shared watch loop's sample source; its end and OOM verdict.
 
 `watch` is called with a started container. Two threads follow its stdout (step markers,
-via `runners.executor`'s output reader, so markers and tails work exactly as for the
-subprocess executor) and stderr (where `runners.docker.entry` reports the script's exit);
-the calling thread samples the container's cgroup (`runners.docker.cgroup`) at the
-trial's rate (50 per second for the first 30 s, as `runners.sampler`), and the GPU from
-the agent's own NVML view by the cgroup's host PIDs. It stops at the exit report, when
-the container dies on its own, at the timeout, when killed, or when the trial's early-stop
-rule fires (the run's `contract.earlystop.EarlyStopper`, looking every `look_every_s` at the
-samples so far, as the subprocess executor does; the execution records its horizon and
-looks), then reads the counters once more (the cgroup still exists: the entry holds the
-container open).
+via `runners.watch.Output`, so markers and tails work exactly as for the subprocess
+executor) and stderr (where `runners.docker.entry` reports the script's exit); the watch
+loop (`runners.watch.watch`: deadline, early-stop looks, the sample clock) samples the
+container's cgroup (`runners.docker.cgroup`, `_CgroupSource`) and the GPU from the agent's
+own NVML view by the cgroup's host PIDs. The run ends at the exit report, when the
+container dies on its own (its cgroup is gone, or, with no cgroup found, it stops
+running), at the timeout, when killed, or when the trial's early-stop rule fires; the
+counters are then read once more (the cgroup still exists: the entry holds the container
+open) and the container is killed.
 
 OOM: ``State.OOMKilled`` *or* a positive ``oom_kill`` counter (the flag alone misses
 kills); an exit 137 with neither is a kill (``-9``), not an OOM.
@@ -25,15 +24,13 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from contract.earlystop import EarlyStopper, seen_by_samples
 from contract.wire import EarlyStop, Sample
 from runners.docker.cgroup import ContainerCgroup, Counters, find
 from runners.docker.entry import EXIT_MARKER
-from runners.executor import Execution, _Output
 from runners.nvml import GpuProbe
+from runners.watch import Execution, Output, WatchArgs
+from runners.watch import watch as watch_run
 
-FAST_HZ = 50.0
-FAST_S = 30.0
 CGROUP_WAIT_S = 5.0
 
 
@@ -65,7 +62,8 @@ class _Lines:
 
 @dataclass
 class Watch:
-    """What the loop saw, shared between its threads."""
+    """What the container's threads saw, and ``killed``: a kill from another thread (the
+    trial's `Kill`) or from the watch loop (timeout, early stop) ended the run."""
 
     exit_code: int | None = None
     done: threading.Event = field(default_factory=threading.Event)
@@ -73,10 +71,7 @@ class Watch:
     last: Counters | None = None
     oom_kills: int = 0
     peak: int = 0
-    samples: list[Sample] = field(default_factory=list)
     gpu_source: str = "unavailable"
-    stopped_early: str | None = None  # why the early-stop rule ended the run
-    stopper: EarlyStopper | None = None  # the run's looks (None: no early-stop settings)
 
     def exit_report(self, line: bytes) -> bool:
         text = line.decode("utf-8", "replace").strip()
@@ -97,7 +92,7 @@ class Watch:
         self.peak = max(self.peak, c.peak or c.usage)
 
 
-def _follow(container: Any, out: _Output, watch: Watch) -> list[threading.Thread]:
+def _follow(container: Any, out: Output, watch: Watch) -> list[threading.Thread]:
     def stream(stdout: bool) -> Iterator[bytes]:
         return container.logs(stream=True, follow=True, stdout=stdout, stderr=not stdout)
 
@@ -122,21 +117,42 @@ def _cgroup(container: Any, root: Any) -> ContainerCgroup | None:
     return None
 
 
-def _sample(cg: ContainerCgroup, gpu: GpuProbe | None, t: float, step: int, w: Watch
-            ) -> Sample | None:
-    """One sample; None once the cgroup is gone (the container died)."""
-    c = cg.read()
-    if c is None:
-        return None
-    w.count(c)
-    g = None
-    if gpu is not None:
-        g, w.gpu_source = gpu.sample(set(cg.pids()))
-    return Sample(t=t, rss=c.rss, anon=c.anon, shared=c.shmem, gpu=g, step=step or None)
+class _CgroupSource:
+    """The `runners.watch.SampleSource` of a container: its cgroup's counters (and the
+    GPU by the cgroup's host PIDs); the end is the entry's exit report, a kill, or the
+    container gone (the cgroup vanished; with no cgroup, the container stopped running)."""
+
+    def __init__(self, container: Any, cg: ContainerCgroup | None, gpu: GpuProbe | None,
+                 w: Watch) -> None:  # fmt: skip
+        self.container, self.cg, self.gpu, self.w = container, cg, gpu, w
+        self.gone = False
+
+    def sample(self, t: float, step: int | None) -> Sample | None:
+        if self.cg is None:
+            self.gone = not _running(self.container)
+            return None
+        c = self.cg.read()
+        if c is None:  # the container died without the entry's report
+            self.gone = True
+            return None
+        self.w.count(c)
+        g = None
+        if self.gpu is not None:
+            g, self.w.gpu_source = self.gpu.sample(set(self.cg.pids()))
+        return Sample(t=t, rss=c.rss, anon=c.anon, shared=c.shmem, gpu=g, step=step)
+
+    def wait_end(self, timeout: float) -> bool:
+        if self.gone:
+            return True
+        return self.w.done.wait(timeout) or self.w.killed
+
+    def stop(self) -> None:
+        # Killed once the loop is over: the last counters are read before the cgroup goes.
+        self.w.killed = True
 
 
 @dataclass
-class WatchArgs:
+class RunArgs:
     timeout_s: float
     sample_hz: float
     memory_limit_bytes: int
@@ -146,60 +162,15 @@ class WatchArgs:
     early_stop: EarlyStop | None = None
 
 
-def _loop(container: Any, cg: ContainerCgroup | None, args: WatchArgs, w: Watch,
-          out: _Output, t0: float) -> bool:
-    """Sample until the script ends; True when it ran past its timeout."""
-    next_look = 0.0 if args.early_stop is None else args.early_stop.look_every_s
-    w.stopper = None if args.early_stop is None else EarlyStopper(args.early_stop)
-    while not w.done.is_set():
-        t = time.monotonic() - t0
-        if t > args.timeout_s:
-            return True
-        if w.stopper is not None and t >= next_look:
-            next_look = t + w.stopper.es.look_every_s
-            if _look(w, out, args):
-                break
-        if cg is not None:
-            with out.lock:
-                step = out.steps[-1][1] if out.steps else 0
-            s = _sample(cg, args.gpu, t, step, w)
-            if s is None:  # the container died without the entry's report
-                break
-            w.samples.append(s)
-            if args.on_sample is not None:
-                args.on_sample(s)
-        elif not _running(container):
-            break
-        period = 1.0 / (FAST_HZ if t < FAST_S and args.sample_hz < FAST_HZ else args.sample_hz)
-        if w.done.wait(period):
-            break
-        if w.killed:
-            break
-    return False
-
-
-def _look(w: Watch, out: _Output, args: WatchArgs) -> bool:
-    """One look of the run's `EarlyStopper` (as runners/executor.py takes them); True: stop
-    now, and the container is killed as for a timeout."""
-    assert w.stopper is not None
-    samples = list(w.samples)
-    with out.lock:
-        steps = seen_by_samples(out.steps, samples[-1].step if samples else None)
-    reason = w.stopper.look(
-        [s.t for s in samples], [s.rss for s in samples], steps, args.memory_limit_bytes
-    )
-    if reason is None:
-        return False
-    w.stopped_early, w.killed = reason, True
-    return True
-
-
-def watch(container: Any, args: WatchArgs, w: Watch, t0: float) -> Execution:
+def watch(container: Any, args: RunArgs, w: Watch, t0: float) -> Execution:
     """Follow a started run-phase container to its end; it is stopped, not removed."""
-    out = _Output(t0, on_step=lambda _n: None)
+    out = Output(t0)
     threads = _follow(container, out, w)
     cg = _cgroup(container, args.cgroup_root)
-    timed_out = _loop(container, cg, args, w, out, t0)
+    rules = WatchArgs(t0=t0, deadline=t0 + args.timeout_s, sample_hz=args.sample_hz,
+                      memory_limit_bytes=args.memory_limit_bytes, early_stop=args.early_stop,
+                      on_sample=args.on_sample)  # fmt: skip
+    seen = watch_run(_CgroupSource(container, cg, args.gpu, w), out, rules)
     if cg is not None:
         w.count(cg.read())  # the final counters, before the cgroup goes with the container
     duration = time.monotonic() - t0
@@ -213,7 +184,7 @@ def watch(container: Any, args: WatchArgs, w: Watch, t0: float) -> Execution:
         t.join(timeout=5)
     oom = bool(st.get("OOMKilled")) or w.oom_kills > 0
     code = _exit_code(w.exit_code, int(state.get("StatusCode", st.get("ExitCode", 0))), oom,
-                      timed_out or w.killed)  # fmt: skip
+                      seen.timed_out or w.killed)  # fmt: skip
     notes = []
     if w.exit_code is None:
         notes.append("the container ended without the entry's exit report")
@@ -221,22 +192,22 @@ def watch(container: Any, args: WatchArgs, w: Watch, t0: float) -> Execution:
     return Execution(
         exit_code=code,
         oom_killed=oom,
-        timed_out=timed_out,
+        timed_out=seen.timed_out,
         cap_method=f"docker-{cg.source}" if cg else "docker",
         duration_s=round(duration, 3),
         log_tail=out.log_tail(crashed),
-        samples=w.samples,
+        samples=seen.samples,
         steps=list(out.steps),
         gpu_source=w.gpu_source,
         host_source=cg.source if cg else "unavailable",
         stderr_tail=out.stderr.text(),
         memory_limit_bytes=args.memory_limit_bytes,
-        peak_rss=max((s.rss for s in w.samples), default=0),
+        peak_rss=max((s.rss for s in seen.samples), default=0),
         cgroup_peak_bytes=w.peak or None,
         oom_kill_count=w.oom_kills,
         cap_notes=notes,
-        stopped_early=w.stopped_early,
-        early_stop=None if w.stopper is None else w.stopper.record(),
+        stopped_early=seen.stopped_early,
+        early_stop=seen.early_stop,
     )
 
 
