@@ -20,19 +20,15 @@ from service import stages
 from service.models import Candidate, Job, Trial, TrialKind, TrialStatus
 from service.schemas import (
     CandidateRow,
-    DependencyChange,
     Evidence,
     JobPublic,
     Progress,
     Report,
     RunEvidence,
     TransitionRow,
+    dependency_change,
 )
 from service.specs import env_spec
-
-# "found" stays 0 for a range that is not monotone: its first transition is a confirmed
-# boundary, and the report's first lines (JSON: `not_monotone`) say what else the verdicts show.
-EXIT_CODES = {"found": 0, "bounds_failed": 3, "inconclusive": 4, "error": 1, "cancelled": 1}
 
 
 def transition_line(row: TransitionRow) -> str:
@@ -220,7 +216,7 @@ def build_report(job: Job, candidates: list[Candidate], trials: list[Trial]) -> 
     )
     if last_old and first_new:
         report.dependency_diff = [
-            DependencyChange(package=name, old=a, new=b)
+            dependency_change(job.find_fix, name, a, b)
             for name, a, b in freeze_diff(last_old.freeze, first_new.freeze)
         ]
         report.evidence = [evidence(last_old, trials), evidence(first_new, trials)]
@@ -260,10 +256,6 @@ def _with_crash_hints(
         if fix:
             lines.append(f"hint: {fix}")
     return "\n".join(lines) or None
-
-
-def exit_code(status: str) -> int:
-    return EXIT_CODES.get(status, 1)
 
 
 def with_progress(report: Report, progress: Progress, job: Job) -> JobPublic:

@@ -10,15 +10,15 @@ Rules: models only (builders from stored rows live in `service.report`, the rout
 """
 
 from datetime import datetime
-from typing import Annotated, Any
+from typing import Annotated, Any, Self
 
 from pydantic import (
+    MISSING,
     BaseModel,
     ConfigDict,
     Field,
     ValidationInfo,
     field_validator,
-    model_serializer,
     model_validator,
 )
 
@@ -144,7 +144,7 @@ class ReturnAck(BaseModel):
 
 
 def boundary_names(find_fix: bool) -> tuple[str, str]:
-    """Wire names of the planner's (last_old, first_new) pair."""
+    """A reader's names of the planner's (last_old, first_new) pair."""
     return ("last_bad", "first_good") if find_fix else ("last_good", "first_bad")
 
 
@@ -207,21 +207,89 @@ class TransitionRow(BaseModel):
     between: list[str] = Field(default_factory=list)  # untested or unjudgeable releases
 
 
-class DependencyChange(BaseModel):
+class FindFirstChange(BaseModel):
+    """A package whose version differs between the pair of a find-first job; None: absent
+    from that release's environment."""
+
     package: str
-    old: str | None  # in the last old (good) release's environment; None: absent
-    new: str | None
+    last_good: str | None
+    first_bad: str | None
+
+    @property
+    def old(self) -> str | None:
+        return self.last_good
+
+    @property
+    def new(self) -> str | None:
+        return self.first_bad
+
+
+class FindFixChange(BaseModel):
+    """The same for a find-fix job, whose pair is (last bad, first good)."""
+
+    package: str
+    last_bad: str | None
+    first_good: str | None
+
+    @property
+    def old(self) -> str | None:
+        return self.last_bad
+
+    @property
+    def new(self) -> str | None:
+        return self.first_good
+
+
+def dependency_change(
+    find_fix: bool, package: str, old: str | None, new: str | None
+) -> FindFirstChange | FindFixChange:
+    """A row of `Report.dependency_diff`, named as the job's pair is."""
+    if find_fix:
+        return FindFixChange(package=package, last_bad=old, first_good=new)
+    return FindFirstChange(package=package, last_good=old, first_bad=new)
+
+
+_PAIR_DOC = "= {stable} for {mode} jobs (absent in {other} ones): the name a reader expects"
+
+
+def _reader_name(stable: str, mode: str, other: str) -> Any:
+    """One of the four reader-named copies of the pair: present in one mode only."""
+    doc = _PAIR_DOC.format(stable=stable, mode=mode, other=other)
+    return Field(default=MISSING, description=doc)
 
 
 class Report(BaseModel):
+    """A job's result. Field names never depend on the job: `find_fix` says which question
+    was asked and `last_old`/`first_new` hold the answer's pair in the planner's terms.
+
+    For readers (and every client written before these names), the pair is also shown under
+    the mode's own names: `last_good`/`first_bad` for find-first jobs, `last_bad`/`first_good`
+    for find-fix ones; the other two are absent (pydantic's MISSING: not on the wire, not
+    required in the OpenAPI schema). They are derived, never set apart from the pair.
+    `dependency_diff` rows are typed by mode in the same way (`FindFirstChange` or
+    `FindFixChange`). A report in the older reader-named form validates too.
+    """
+
     job_id: int | None
     status: str
     message: str | None = None
     package: str
     range: str
-    find_fix: bool = False
-    last_old: str | None = None
-    first_new: str | None = None
+    find_fix: bool = Field(
+        default=False,
+        description="false: find the first release that leaks (last good, first bad); "
+        "true: the first that stops leaking (last bad, first good)",
+    )
+    last_old: str | None = Field(
+        default=None, description="the last release in the range's first state; None: not found"
+    )
+    first_new: str | None = Field(
+        default=None, description="the first release in the other state; None: not found"
+    )
+    last_good: str | None | MISSING = _reader_name("last_old", "find-first", "find-fix")
+    first_bad: str | None | MISSING = _reader_name("first_new", "find-first", "find-fix")
+    last_bad: str | None | MISSING = _reader_name("last_old", "find-fix", "find-first")
+    first_good: str | None | MISSING = _reader_name("first_new", "find-fix", "find-first")
     between: list[str] = Field(default_factory=list)
     skipped: list[str] = Field(default_factory=list)
     # Non-monotone ranges: one sentence naming the releases whose verdicts disagree with a
@@ -232,7 +300,7 @@ class Report(BaseModel):
     transitions: list[TransitionRow] = Field(default_factory=list)
     candidates: list[CandidateRow] = Field(default_factory=list)
     trials: int = 0
-    dependency_diff: list[DependencyChange] = Field(default_factory=list)
+    dependency_diff: list[FindFirstChange | FindFixChange] = Field(default_factory=list)
     evidence: list[Evidence] = Field(default_factory=list)
     reproduce: str | None = None
     machine: dict[str, Any] | None = None
@@ -251,34 +319,25 @@ class Report(BaseModel):
 
     @model_validator(mode="before")
     @classmethod
-    def _from_wire(cls, data: Any) -> Any:
-        if not isinstance(data, dict) or "last_old" in data:
+    def _from_reader_names(cls, data: Any) -> Any:
+        """The older form (the pair under the mode's names only) to the stable pair."""
+        if not isinstance(data, dict) or "last_old" in data or "first_new" in data:
             return data
         old, new = boundary_names(bool(data.get("find_fix")))
-        data = {**data, "last_old": data.get(old), "first_new": data.get(new)}
-        data["dependency_diff"] = [
-            {"package": row["package"], "old": row.get(old), "new": row.get(new)}
-            for row in data.get("dependency_diff") or []
-        ]
-        return data
+        return {**data, "last_old": data.get(old), "first_new": data.get(new)}
 
-    @model_serializer(mode="wrap")
-    def _to_wire(self, handler: Any) -> dict[str, Any]:
-        data = handler(self)
+    @model_validator(mode="after")
+    def _reader_names(self) -> Self:
+        """The mode's names copy the pair; the other mode's are absent."""
+        for name in (*boundary_names(False), *boundary_names(True)):
+            setattr(self, name, MISSING)
         old, new = self.names
-        out: dict[str, Any] = {}
-        for key, value in data.items():
-            if key == "last_old":
-                out[old] = value
-            elif key == "first_new":
-                out[new] = value
-            elif key == "dependency_diff":
-                out[key] = [
-                    {"package": row["package"], old: row["old"], new: row["new"]} for row in value
-                ]
-            else:
-                out[key] = value
-        return out
+        setattr(self, old, self.last_old)
+        setattr(self, new, self.first_new)
+        row_type = FindFixChange if self.find_fix else FindFirstChange
+        if any(not isinstance(row, row_type) for row in self.dependency_diff):
+            raise ValueError(f"dependency_diff rows of this job name the pair {old}, {new}")
+        return self
 
     def wire(self) -> dict[str, Any]:
         """The JSON-ready dict (the `--json` output)."""

@@ -2,8 +2,10 @@
 
 Exit statuses, in one place: 2 bad input (a `LeakbisectError` of kind InvalidInput,
 NotFound, Conflict or Forbidden, or a refused request), 1 internal or unavailable
-(Unavailable, a server that cannot be reached, anything unexpected). The outcome statuses
-of a finished job (0 found, 3 bounds failed, 4 inconclusive) are `service.report.exit_code`.
+(Unavailable, a server that cannot be reached, anything unexpected), and the outcome of a
+finished job that `run` and `submit --wait` exit with (`OUTCOME_STATUS`: 0 found, 3 bounds
+failed, 4 inconclusive). Only the CLI has exit statuses: the API and the page show the
+job's status itself, so the mapping lives here, not beside the report's model.
 """
 
 import os
@@ -12,6 +14,7 @@ from typing import NoReturn
 import typer
 
 from contract.errors import Conflict, Forbidden, InvalidInput, LeakbisectError, NotFound
+from service.models import JobStatus
 from service.options import flag_names
 
 BAD_INPUT = 2
@@ -23,6 +26,15 @@ EXIT_STATUS: dict[type[LeakbisectError], int] = {
     Conflict: BAD_INPUT,
     Forbidden: BAD_INPUT,
 }
+# "found" stays 0 for a range that is not monotone: its first transition is a confirmed
+# boundary, and the report's first lines (JSON: `not_monotone`) say what else the verdicts show.
+OUTCOME_STATUS: dict[str, int] = {
+    JobStatus.FOUND: 0,
+    JobStatus.BOUNDS_FAILED: 3,
+    JobStatus.INCONCLUSIVE: 4,
+    JobStatus.ERROR: INTERNAL,
+    JobStatus.CANCELLED: INTERNAL,
+}
 
 # Field -> the flag a user typed, so messages name what they can fix.
 FLAGS = flag_names()
@@ -33,6 +45,11 @@ def exit_status(exc: LeakbisectError) -> int:
         if isinstance(exc, kind):
             return code
     return INTERNAL
+
+
+def outcome_status(status: str) -> int:
+    """The exit status of a job that ended with `status` (1 for one still going)."""
+    return OUTCOME_STATUS.get(status, INTERNAL)
 
 
 def fail(message: str, code: int = BAD_INPUT) -> NoReturn:

@@ -3,8 +3,10 @@
 `status`, `list`, `logs` and `report` read a server when one is named (`--server` or
 `BISECT_SERVER`), else the local results database that `bisect-cli run` writes
 (service/cli/source.py); `cancel` always asks a server. Each prints a short human form, or
-with --json the API's JSON. Exit status: 0 answered, 2 a refused request or no such job
-(HTTP 4xx), 1 a server that cannot be reached or a database that cannot be read.
+with --json the API's JSON. The answer is read into the API's models (service/schemas.py)
+once, where it arrives; everything printed reads those. Exit status: 0 answered, 2 a
+refused request or no such job (HTTP 4xx), 1 a server that cannot be reached or a database
+that cannot be read.
 """
 
 import json
@@ -27,7 +29,7 @@ from service.cli.remote import (
     make_client,
 )
 from service.cli.source import LocalSource, Source, open_source
-from service.schemas import Report
+from service.schemas import JobPage, JobPublic, JobSummary, TrialPublic
 from service.text import printable
 
 ReadServer = Annotated[
@@ -49,12 +51,11 @@ def _echo_json(value: Any) -> None:
     typer.echo(json.dumps(value, default=str))
 
 
-def _progress_line(report: dict[str, Any]) -> str:
-    p = report.get("progress") or {}
+def _progress_line(report: JobPublic) -> str:
+    p = report.progress
     return (
-        f"job {report['job_id']} {report['status']}: {p.get('judged', 0)}/"
-        f"{p.get('candidates', 0)} candidates judged; trials {p.get('trials_done', 0)} done, "
-        f"{p.get('trials_running', 0)} running, {p.get('trials_queued', 0)} queued"
+        f"job {report.job_id} {report.status}: {p.judged}/{p.candidates} candidates judged; "
+        f"trials {p.trials_done} done, {p.trials_running} running, {p.trials_queued} queued"
     )
 
 
@@ -72,17 +73,18 @@ def status(
     if json_:
         _echo_json(report)
         return
+    public = JobPublic.model_validate(report)
     console = Console()
-    console.print(_progress_line(report))
-    render_report(console, Report.model_validate(report), {})
+    console.print(_progress_line(public))
+    render_report(console, public, {})
 
 
-def _result(item: dict[str, Any]) -> str:
-    result = item.get("result") or {}
-    if item["status"] == "found":
+def _result(item: JobSummary) -> str:
+    result = item.result or {}
+    if item.status == "found":
         old, new = result.get("last_old"), result.get("first_new")
-        return f"{'first good' if item['find_fix'] else 'first bad'} {new} (after {old})"
-    return (item.get("message") or "").splitlines()[0] if item.get("message") else ""
+        return f"{'first good' if item.find_fix else 'first bad'} {new} (after {old})"
+    return item.message.splitlines()[0] if item.message else ""
 
 
 def list_jobs(
@@ -107,20 +109,21 @@ def list_jobs(
 ) -> None:
     """List jobs, newest first."""
     with open_source(server, token, database_url) as source:
-        page = source.list_jobs(status=status_, package=package, limit=limit, offset=offset)
+        data = source.list_jobs(status=status_, package=package, limit=limit, offset=offset)
     if json_:
-        _echo_json(page)
+        _echo_json(data)
         return
-    table = Table(title=f"jobs ({page['total']} in all)", title_justify="left")
+    page = JobPage.model_validate(data)
+    table = Table(title=f"jobs ({page.total} in all)", title_justify="left")
     for name in ("id", "status", "package", "range", "created", "result"):
         table.add_column(name)
-    for item in page["items"]:
+    for item in page.items:
         table.add_row(
-            str(item["id"]),
-            item["status"],
-            item["package"],
-            item["range"],
-            str(item["created_at"])[:19].replace("T", " "),
+            str(item.id),
+            item.status,
+            item.package,
+            item.range,
+            item.created_at.isoformat(sep=" ")[:19],
             escape(printable(_result(item))),
         )
     Console().print(table)
@@ -153,31 +156,31 @@ def logs(
 ) -> None:
     """Print a trial's log tail (the end of the script's output) after a summary line."""
     with open_source(server, token, database_url) as source:
-        info = source.get_trial(job, trial)
+        data = source.get_trial(job, trial)
     if json_:
-        _echo_json(info)
+        _echo_json(data)
         return
-    parts = [f"attempt {info['attempt']}"]
-    if info.get("runner_id"):
-        parts.append(f"runner {info['runner_id']}")
-    if info.get("exit_code") is not None:
-        parts.append(f"exit {info['exit_code']}")
-    if info.get("duration_s") is not None:
-        parts.append(f"{info['duration_s']:.1f}s")
-    if info.get("oom_killed"):
+    info = TrialPublic.model_validate(data)
+    parts = [f"attempt {info.attempt}"]
+    if info.runner_id:
+        parts.append(f"runner {info.runner_id}")
+    if info.exit_code is not None:
+        parts.append(f"exit {info.exit_code}")
+    if info.duration_s is not None:
+        parts.append(f"{info.duration_s:.1f}s")
+    if info.oom_killed:
         parts.append("OOM-killed")
-    if info.get("timed_out"):
+    if info.timed_out:
         parts.append("timed out")
-    verdict = f", {info['verdict']}" if info.get("verdict") else ""
+    verdict = f", {info.verdict}" if info.verdict else ""
     typer.echo(
-        f"trial {trial} of job {job} ({info['version']}): "
-        f"{info['status']}{verdict}; {', '.join(parts)}",
+        f"trial {trial} of job {job} ({info.version}): {info.status}{verdict}; {', '.join(parts)}",
         err=True,
     )
-    if info.get("error"):
-        typer.echo(f"error: {printable(info['error'])}", err=True)
+    if info.error:
+        typer.echo(f"error: {printable(info.error)}", err=True)
     # The script's own output: whatever it printed must not reach the terminal as control.
-    tail = printable(info.get("log_tail") or "")
+    tail = printable(info.log_tail or "")
     typer.echo(tail, nl=not tail.endswith("\n"))
 
 
@@ -217,18 +220,19 @@ def report(
             typer.echo(source.markdown(job), nl=False)
             return
         data = source.get_job(job)
-        curves = curves_of(source, data)
-    if json_:
-        _echo_json(data)
-    else:
-        render_report(Console(), Report.model_validate(data), curves)
+        if json_:
+            _echo_json(data)
+            return
+        public = JobPublic.model_validate(data)
+        curves = curves_of(source, public)
+    render_report(Console(), public, curves)
 
 
-def curves_of(source: Source, data: dict[str, Any]) -> dict[int, list[float]]:
+def curves_of(source: Source, report: JobPublic) -> dict[int, list[float]]:
     """The evidence runs' memory curves for the text report (read locally only: a server's
     are a request per run away, and the page draws them better)."""
     if not isinstance(source, LocalSource):
         return {}
     from service.cli.run import curves_for
 
-    return curves_for(source.session, Report.model_validate(data))
+    return curves_for(source.session, report)

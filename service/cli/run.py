@@ -22,14 +22,14 @@ from runners.nvml import GpuProbe, open_probe
 from service import store
 from service.cli.db import results_database, shown
 from service.cli.display import LineProgress, LiveDisplay, render_report
-from service.cli.errors import fail, fail_with, internal
+from service.cli.errors import fail, fail_with, internal, outcome_status
 from service.cli.executor import make_executor, with_executor_options
 from service.cli.options import DatabaseUrl, Json, build_request, job_request, with_job_options
 from service.db import get_engine, upgrade
 from service.jobs import create_job
 from service.local import run_job
 from service.models import Job
-from service.report import build_report, exit_code
+from service.report import build_report
 from service.schemas import JobCreate, Report
 from service.settings import Settings, get_settings
 
@@ -64,7 +64,7 @@ def print_report(report: Report, curves: dict[int, list[float]], json_: bool) ->
         typer.echo(json.dumps(report.wire()))
     else:
         render_report(Console(), report, curves)
-    raise typer.Exit(exit_code(report.status))
+    raise typer.Exit(outcome_status(report.status))
 
 
 def curves_for(session: Session, report: Report) -> dict[int, list[float]]:

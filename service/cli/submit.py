@@ -1,4 +1,9 @@
-"""`bisect-cli submit`: send a bisection to a server; `--wait` follows it like `run`."""
+"""`bisect-cli submit`: send a bisection to a server; `--wait` follows it like `run`.
+
+While it waits, each polled answer feeds the progress lines as it came (`JobProgress`); the
+last one is read into `JobPublic` (service/schemas.py) once, and the report is printed from
+that model as `run` prints its own.
+"""
 
 import json
 import sys
@@ -21,19 +26,19 @@ from service.cli.remote import (
     make_client,
 )
 from service.cli.run import print_report
-from service.schemas import Report
+from service.schemas import JobCreated, JobPublic
 
 POLL_S = 1.0
 FINISHED = {"found", "bounds_failed", "inconclusive", "error", "cancelled"}
 
 
-def fetch_curves(client: ApiClient, report: dict[str, Any]) -> dict[int, list[float]]:
+def fetch_curves(client: ApiClient, report: JobPublic) -> dict[int, list[float]]:
     """RSS series of the evidence trials, for the report's sparklines."""
     curves: dict[int, list[float]] = {}
-    for item in report.get("evidence") or []:
-        for run in item["runs"]:
-            samples = client.get_samples(run["trial_id"])["samples"]
-            curves[run["trial"]] = [float(s["rss"]) for s in samples]
+    for item in report.evidence:
+        for run in item.runs:
+            samples = client.get_samples(run.trial_id)["samples"]
+            curves[run.trial] = [float(s["rss"]) for s in samples]
     return curves
 
 
@@ -86,18 +91,18 @@ def submit(
     err = Console(stderr=True)
     client = make_client(server, token)
     with client, api_errors():
-        created = client.submit(payload)
-        job_id, url = created["id"], created["url"]
+        created = JobCreated.model_validate(client.submit(payload))
+        job_id, url = created.id, created.url
         if not wait:
             if json_:
-                typer.echo(json.dumps(created))
+                typer.echo(json.dumps(created.model_dump(mode="json")))
             else:
                 typer.echo(url)
             raise typer.Exit(0)
         if not json_:
             err.print(f"job {job_id}: {url}")
         try:
-            report = wait_for(client, job_id, err, json_)
+            report = JobPublic.model_validate(wait_for(client, job_id, err, json_))
             curves = {} if json_ else fetch_curves(client, report)
         except KeyboardInterrupt:
             err.print(
@@ -109,4 +114,4 @@ def submit(
             code = BAD_INPUT if isinstance(exc, ApiError) and exc.status < 500 else INTERNAL
             fail(f"{exc} (job {job_id} may still be running: {url})", code)
     # The same report as `bisect-cli run --json`: the server's extras are not part of it.
-    print_report(Report.model_validate(report), curves, json_)
+    print_report(report.report(), curves, json_)
