@@ -62,7 +62,7 @@ class JobCreate(JobOptions):
 
 
 class AgainRequest(BaseModel):
-    """`POST /jobs/{id}/again` (and the page's buttons): see `service.api.routes.actions`."""
+    """`POST /jobs/{id}/again` (and the page's buttons): see `service.actions.again_job`."""
 
     model_config = {"extra": "forbid"}
 
