@@ -15,7 +15,8 @@ Rules, in the order `step` applies them:
 
 1. Ends. No change at all: `Failed`. Otherwise the empty and the full configuration are
    asked for first (both at once with two slots). The good environment must be CLEAN and
-   the bad one LEAK; anything else is `Failed`, saying which end and why.
+   the bad one LEAK; anything else is `Failed`, saying which end and why (`bounds_failed`
+   when an end was judged and is in the wrong state, not merely unjudgeable).
 2. ddmin (Zeller and Hildebrandt 2002), replayed from the start over what is known. The
    current set starts as every change, in name order, with granularity n = 2. Split it into
    n nearly equal parts; test each part: the first that LEAKs becomes the current set and
@@ -42,7 +43,7 @@ release range, over packages.
 """
 
 from collections.abc import Collection, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import Enum
 
 from packaging.utils import canonicalize_name
@@ -94,6 +95,10 @@ class Minimal:
 @dataclass(frozen=True)
 class Failed:
     message: str
+    # Both ends were judged and one is in the wrong state (the good one leaks, the bad one
+    # is clean): the job's bounds failed, not the search. Left out of ==: the message
+    # already says which end and why.
+    bounds_failed: bool = field(default=False, compare=False)
 
 
 def changes(good: Mapping[str, str], bad: Mapping[str, str]) -> list[Change]:
@@ -201,9 +206,9 @@ def _ends(everything: Config, known: Mapping[Config, Outcome]) -> Failed | list[
     """Rule 1: the ends that still need testing, or why the search cannot start."""
     good, bad = known.get(frozenset()), known.get(everything)
     if good is Outcome.LEAK:
-        return Failed("the good environment leaks too: nothing to minimize")
+        return Failed("the good environment leaks too: nothing to minimize", bounds_failed=True)
     if bad is Outcome.CLEAN:
-        return Failed("the bad environment does not leak: nothing to minimize")
+        return Failed("the bad environment does not leak: nothing to minimize", bounds_failed=True)
     why = "it did not build or its verdict was inconclusive"
     if good is Outcome.UNRESOLVED:
         return Failed(f"the good environment could not be judged: {why}")

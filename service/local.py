@@ -102,9 +102,10 @@ def _fill(
         if trial.kind == TrialKind.RUN:
             progress.trial_started(candidate, trial)
         elif trial.kind == TrialKind.ATTRIBUTE:
-            progress.message(f"tracing {job.package} {candidate.version} with {trial.trace}")
+            progress.message(f"tracing {job.target.package} {candidate.version} with {trial.trace}")
         elif trial.kind == TrialKind.COMMITS:
-            progress.message(f"listing the commits of {job.package} up to {candidate.version}")
+            package = job.target.package
+            progress.message(f"listing the commits of {package} up to {candidate.version}")
         else:
             progress.message(f"resolving the pins of {job.package}=={candidate.version}")
         spec = trial_spec(job, candidate, trial, store.trials_of(session, job))

@@ -2,19 +2,31 @@
 
 A job's options are defined once in `service.options.JobOptions`, which `Job` extends;
 wire models (what the API and CLI print) live in `service.schemas` and `service.report`.
-JSON columns hold lists and analysis dicts whose shape belongs to the code that writes
-them (the classifier, the environment builder).
+A job's JSON columns of state (its stages, outcome, findings, search) are typed: the models
+and the column type that stores them are `service.state`'s. The other JSON columns hold
+lists and analysis dicts whose shape belongs to the code that writes them (the classifier,
+the environment builder).
 """
 
 from datetime import UTC, datetime
 from enum import StrEnum
 from typing import Any
 
+from pydantic import BaseModel
 from sqlalchemy import JSON, BigInteger, Column, Index, Text, UniqueConstraint
 from sqlmodel import Field, SQLModel
 
 from contract.wire import TrialKind
 from service.options import JobOptions
+from service.state import (
+    Attribution,
+    CommitFinding,
+    Dependency,
+    JSONModel,
+    Search,
+    SearchOutcome,
+    StageRecord,
+)
 
 
 def utcnow() -> datetime:
@@ -55,6 +67,11 @@ def _json(default: Any = None) -> Any:
     return Field(default_factory=lambda: [] if default is None else default, sa_column=Column(JSON))
 
 
+def _state(model: type[BaseModel]) -> Any:
+    """A nullable JSON column read and written as `model` (service/state.py)."""
+    return Field(default=None, sa_column=Column(JSONModel(model)))
+
+
 class Job(JobOptions, table=True):
     """A bisection: its options (`JobOptions`) plus what the service adds and learns."""
 
@@ -65,6 +82,8 @@ class Job(JobOptions, table=True):
     status: str = Field(default=JobStatus.QUEUED, index=True)
     message: str | None = Field(default=None, sa_column=Column(Text))
 
+    # `package` (JobOptions), `good` and `bad` are the user's, as submitted: never written
+    # after the job is made. What is searched now is `target` (service/state.py rule 3).
     good: str
     bad: str
     script_sha256: str = Field(index=True)
@@ -76,8 +95,8 @@ class Job(JobOptions, table=True):
     # The instant the pins are resolved as of (engine/resolution.py); None: today's index.
     pins_as_of: datetime | None = None
 
-    # Planner outcome: indices into the candidate list plus the message.
-    result: dict[str, Any] | None = Field(default=None, sa_column=Column(JSON))
+    # How the job's search ended: stage ""'s planner outcome, or the mix stage's status.
+    result: SearchOutcome | None = _state(SearchOutcome)
     machine: dict[str, Any] | None = Field(default=None, sa_column=Column(JSON))
     # "cpu" or "gpu": part of the verdict-reuse key, since a GPU leak needs a GPU to show.
     hardware_class: str = "cpu"
@@ -91,14 +110,24 @@ class Job(JobOptions, table=True):
     idempotency: str | None = Field(default=None, unique=True)
 
     # What the job's later stages found (service/stages.py has the order and the rules).
-    # Each finished stage: {"stage", "package", "status", "message", ...} in order.
-    stages: list[dict[str, Any]] = _json()
+    # Each finished stage's record, in the order they ended.
+    stages: list[StageRecord] = Field(
+        default_factory=list, sa_column=Column(JSONModel(StageRecord, many=True))
+    )
     # --from/--to: the changed packages, the minimal leaking set and the mixes it took.
-    dependency: dict[str, Any] | None = Field(default=None, sa_column=Column(JSON))
+    dependency: Dependency | None = _state(Dependency)
     # --attribute: the stacks that grow in the first bad release and not the last good.
-    attribution: dict[str, Any] | None = Field(default=None, sa_column=Column(JSON))
+    attribution: Attribution | None = _state(Attribution)
     # --commits: the first bad commit of the boundary's package (sha, subject, ...).
-    commit: dict[str, Any] | None = Field(default=None, sa_column=Column(JSON))
+    commit: CommitFinding | None = _state(CommitFinding)
+    # The package and range searched now, where a stage moved the search off the options
+    # (the mix stage's first culprit); None: the options' own.
+    search: Search | None = _state(Search)
+
+    @property
+    def target(self) -> Search:
+        """The package and range being searched now: `search`, else the user's options."""
+        return self.search or Search(package=self.package, good=self.good, bad=self.bad)
 
 
 class Candidate(SQLModel, table=True):

@@ -4,10 +4,13 @@
 whether its stage has ended (and then has recorded it with `stages.finish`).
 
 * `mix_step`: one ddmin step (engine/ddmin.py) over the mixes judged so far. A new
-  configuration becomes a mix candidate; a minimal set ends the stage and lists the first
-  culprit's releases as stage "". A bound of that release range is the same environment
-  as a mix ddmin judged already (the culprit at its old version is the minimal set minus
-  it), so the bound takes that mix's verdicts instead of running again.
+  configuration becomes a mix candidate; a minimal set ends the stage, makes the first
+  culprit and its two versions the search (`Job.search`; the options stay as submitted)
+  and lists its releases as stage "". A bound of that release range is the same
+  environment as a mix ddmin judged already (the culprit at its old version is the
+  minimal set minus it), so the bound takes that mix's verdicts instead of running again.
+  A search that cannot go on ends with ddmin's own answer: bounds_failed where an end
+  was judged in the wrong state (`Failed.bounds_failed`), else error.
 * `start`: the candidates of a stage that has none yet: a further culprit's releases
   ("release:NAME"), or the boundary's commits ("commit"): a *commits trial* on the first
   bad release asks a runner to list them (runners/commits.py; the server never runs git),
@@ -22,7 +25,6 @@ whether its stage has ended (and then has recorded it with `stages.finish`).
 """
 
 from collections.abc import Sequence
-from dataclasses import asdict
 from typing import Any
 
 from sqlmodel import Session
@@ -35,8 +37,18 @@ from engine.releases import RangeError
 from service import reuse, specs, stages
 from service.index import LOCAL, PYPI_SIMPLE, FetchPolicy, IndexUnavailable, project_urls
 from service.jobs import add_candidates, releases_between
-from service.models import Candidate, Job, JobStatus, Trial, TrialKind, TrialStatus
+from service.models import Candidate, Job, Trial, TrialKind, TrialStatus
 from service.settings import get_settings
+from service.state import (
+    Attribution,
+    CommitFinding,
+    CommitRef,
+    Mix,
+    Search,
+    SearchOutcome,
+    StageStatus,
+)
+from service.state import Transition as TransitionRecord
 from service.store import add_trials, candidates_of
 
 MIB = 1024 * 1024
@@ -74,37 +86,42 @@ def mix_step(
             add_trials(session, job, candidate, len(candidate.evaluations) + 1, job.repeats)
         return False
     mixes = [_mix_row(c) for c in members if c.evaluations]
+    assert job.dependency is not None  # a --from/--to job starts with it (service/jobs.py)
     if isinstance(answer, ddmin.Failed):
-        status = JobStatus.BOUNDS_FAILED if "nothing to minimize" in answer.message else "error"
-        job.dependency = {**(job.dependency or {}), "mixes": mixes, "message": answer.message}
-        stages.finish(job, stages.MIX, status=str(status), message=answer.message)
+        status = StageStatus.BOUNDS_FAILED if answer.bounds_failed else StageStatus.ERROR
+        job.dependency = job.dependency.model_copy(
+            update={"mixes": mixes, "message": answer.message}
+        )
+        stages.finish(job, stages.MIX, status=status, message=answer.message)
         return True
-    job.dependency = {
-        **(job.dependency or {}),
-        "culprits": [asdict(c) for c in answer.culprits],
-        "certified": answer.certified,
-        "untested": [sorted(u) for u in answer.untested],
-        "message": answer.message,
-        "mixes": mixes,
-    }
-    stages.finish(job, stages.MIX, status="found", message=answer.message)
+    job.dependency = job.dependency.model_copy(
+        update={
+            "culprits": list(answer.culprits),
+            "certified": answer.certified,
+            "untested": [sorted(u) for u in answer.untested],
+            "message": answer.message,
+            "mixes": mixes,
+        }
+    )
+    stages.finish(job, stages.MIX, status=StageStatus.FOUND, message=answer.message)
     first = next((c for c in answer.culprits if c.old and c.new), None)
     if first is not None:
-        job.package, job.good, job.bad = first.name, first.old, first.new  # type: ignore[assignment]
+        assert first.old is not None and first.new is not None
+        job.search = Search(package=first.name, good=first.old, bad=first.new)
         try:
             _start_releases(session, job, stages.RELEASES, first.name, members)
         except RangeError as exc:  # listed nothing usable: the set is the answer
-            stages.finish(job, stages.RELEASES, status="error", message=str(exc))
+            stages.finish(job, stages.RELEASES, status=StageStatus.ERROR, message=str(exc))
     return True
 
 
-def _mix_row(candidate: Candidate) -> dict[str, Any]:
-    return {
-        "applied": list(candidate.applied),
-        "label": candidate.version,
-        "verdict": candidate.verdict,
-        "candidate_id": candidate.id,
-    }
+def _mix_row(candidate: Candidate) -> Mix:
+    return Mix(
+        applied=list(candidate.applied),
+        label=candidate.version,
+        verdict=candidate.verdict,
+        candidate_id=candidate.id,
+    )
 
 
 def _start_releases(
@@ -146,7 +163,7 @@ def start(session: Session, job: Job, stage: str, trials: list[Trial]) -> list[C
     try:
         return _start_releases(session, job, stage, package, mixes)
     except RangeError as exc:
-        stages.finish(job, stage, package=package, status="error", message=str(exc))
+        stages.finish(job, stage, package=package, status=StageStatus.ERROR, message=str(exc))
         return []
 
 
@@ -159,14 +176,16 @@ def _start_commits(session: Session, job: Job, trials: list[Trial]) -> list[Cand
     trial = listing[-1]
     if trial.status not in ENDED:
         return None
+    assert job.commit is not None and job.commit.repo is not None  # `_queue_listing` set it
     if trial.commits is None:
         message = f"--commits: {trial.error or 'the listing was cancelled'}"
-        job.commit = {**(job.commit or {}), "status": "error", "message": message}
-        stages.finish(job, stages.COMMIT, package=job.package, status="error", message=message)
+        job.commit = job.commit.model_copy(update={"status": StageStatus.ERROR, "message": message})
+        stages.finish(job, stages.COMMIT, package=job.target.package, status=StageStatus.ERROR,
+                      message=message)  # fmt: skip
         return []
     bound = session.get(Candidate, trial.candidate_id)
     held = list(bound.pins) if bound is not None else []
-    repo = (job.commit or {})["repo"]
+    repo = job.commit.repo
     start_at = stages.next_position(session, job)
     for position, commit in enumerate(trial.commits, start_at):
         session.add(
@@ -186,28 +205,37 @@ def _start_commits(session: Session, job: Job, trials: list[Trial]) -> list[Cand
 
 def _queue_listing(session: Session, job: Job) -> list[Candidate] | None:
     """Queue the commits trial on the first bad release; [] when there is no repository."""
-    found = (stages.record(job, stages.RELEASES) or {}).get("result") or {}
-    good, bad = found.get("last_old"), found.get("first_new")
+    good, bad = _boundary(job)
+    assert good is not None and bad is not None  # the stage runs once stage "" found them
     releases = {c.version: c for c in _of_stage(session, job, stages.RELEASES)}
     try:
         repo = job.repo or _repo_of(job, bad)
     except (sources.CommitsError, IndexUnavailable) as exc:
-        stages.finish(job, stages.COMMIT, package=job.package, status="error", message=str(exc))
+        stages.finish(job, stages.COMMIT, package=job.target.package, status=StageStatus.ERROR,
+                      message=str(exc))  # fmt: skip
         return []
-    job.commit = {"repo": repo, "last_good_release": good, "first_bad_release": bad}
+    job.commit = CommitFinding(repo=repo, last_good_release=good, first_bad_release=bad)
     bound = releases[bad]
     add_trials(session, job, bound, len(bound.evaluations), 1, kind=TrialKind.COMMITS)
     return None
 
 
+def _boundary(job: Job) -> tuple[str | None, str | None]:
+    """Stage ""'s boundary pair (last old, first new), as its record names them."""
+    found = stages.record(job, stages.RELEASES)
+    result = found.result if found is not None else None
+    return (result.last_old, result.first_new) if result is not None else (None, None)
+
+
 def _repo_of(job: Job, version: str) -> str:
     """The source repository named in the release's project URLs (read from the index)."""
-    urls = project_urls(job.package, version, index_url=job.index_url or PYPI_SIMPLE,
+    package = job.target.package
+    urls = project_urls(package, version, index_url=job.index_url or PYPI_SIMPLE,
                         policy=_fetch(job))  # fmt: skip
     repo = sources.repo_from_urls(urls)
     if repo is None:
         raise sources.CommitsError(
-            f"--commits: no source repository in {job.package} {version}'s project URLs; "
+            f"--commits: no source repository in {package} {version}'s project URLs; "
             "give it with --repo URL (or a local clone's path, with bisect-cli run)"
         )
     return repo
@@ -221,57 +249,65 @@ def releases_done(
     def version(index: int | None) -> str | None:
         return None if index is None else members[index].version
 
-    result = {
-        "status": outcome.status,
-        "last_old": version(outcome.last_old),
-        "first_new": version(outcome.first_new),
-        "skipped": [members[i].version for i in outcome.skipped],
-        "message": outcome.message,
+    result = SearchOutcome(
+        status=StageStatus(outcome.status),
+        last_old=version(outcome.last_old),
+        first_new=version(outcome.first_new),
+        skipped=[members[i].version for i in outcome.skipped],
+        message=outcome.message,
         # Every leak/no-leak transition the verdicts show, and the releases that contradict
         # a single boundary (engine/planner.py rule 6): non-monotone ranges said out loud.
-        "transitions": [_transition(t, members) for t in outcome.transitions],
-        "disagree": [members[i].version for i in outcome.disagree],
-        "not_monotone": outcome.not_monotone,
-    }
+        transitions=[_transition(t, members) for t in outcome.transitions],
+        disagree=[members[i].version for i in outcome.disagree],
+        not_monotone=outcome.not_monotone,
+    )
     package = stages.package_of(job, stage)
     # Its second line, so the job's first lines say it (the status stays the first
     # transition's: a real, confirmed boundary).
     message = "\n".join(filter(None, [outcome.message, outcome.not_monotone]))
     if stage == stages.COMMIT:
-        job.commit = {**(job.commit or {}), **_commit_record(members, outcome, result)}
-        message = job.commit["message"]
-    stages.finish(job, stage, package=package, status=outcome.status, message=message,
+        assert job.commit is not None  # `_queue_listing` set it
+        job.commit = _commit_record(job.commit, members, outcome, result)
+        message = job.commit.message
+    stages.finish(job, stage, package=package, status=result.status, message=message,
                   result=result)  # fmt: skip
 
 
-def _transition(transition: Transition, members: list[Candidate]) -> dict[str, Any]:
-    """One transition as the report shows it (service/report.py `TransitionRow`)."""
+def _transition(transition: Transition, members: list[Candidate]) -> TransitionRecord:
+    """One transition as the report shows it (service/schemas.py `TransitionRow`)."""
     below, above = transition.below, transition.above
-    return {
-        "before": members[below].version,
-        "after": members[above].version,
-        "change": "starts leaking" if transition.leaks_above else "stops leaking",
-        "confirmed": transition.confirmed,
-        "between": [c.version for c in members[below + 1 : above]],
-    }
+    return TransitionRecord(
+        before=members[below].version,
+        after=members[above].version,
+        change="starts leaking" if transition.leaks_above else "stops leaking",
+        confirmed=transition.confirmed,
+        between=[c.version for c in members[below + 1 : above]],
+    )
 
 
-def _commit_record(members: list[Candidate], outcome: Outcome, result: dict) -> dict[str, Any]:
-    def entry(c: Candidate) -> dict[str, Any]:
-        return {"sha": (c.source or "").rsplit("@", 1)[-1], "subject": c.subject}
+def _commit_record(
+    listing: CommitFinding, members: list[Candidate], outcome: Outcome, result: SearchOutcome
+) -> CommitFinding:
+    """The listing's record with the planner's outcome over the commits, by sha."""
 
-    def at(index: int | None) -> dict[str, Any] | None:
+    def entry(c: Candidate) -> CommitRef:
+        return CommitRef(sha=(c.source or "").rsplit("@", 1)[-1], subject=c.subject)
+
+    def at(index: int | None) -> CommitRef | None:
         return None if index is None else entry(members[index])
 
     first, last = at(outcome.first_new), at(outcome.last_old)
     skipped = [entry(members[i]) for i in outcome.skipped]
     unbuildable = [entry(c) for c in members if c.verdict == "skip"]
-    if outcome.status == "found" and first is not None:
-        message = f"first leaking commit: {first['sha'][:12]} {first['subject']}"
+    if result.status == StageStatus.FOUND and first is not None:
+        message = f"first leaking commit: {first.sha[:12]} {first.subject}"
     else:
         message = f"commits: {outcome.message}"
-    return {**result, "first_bad": first, "last_good": last, "skipped_commits": skipped,
-            "unbuildable": unbuildable, "commits": len(members), "message": message}  # fmt: skip
+    found = {name: getattr(result, name) for name in result.model_fields_set}
+    return listing.model_copy(
+        update={**found, "first_bad": first, "last_good": last, "skipped_commits": skipped,
+                "unbuildable": unbuildable, "commits": len(members), "message": message}
+    )  # fmt: skip
 
 
 # --- the attribute stage -------------------------------------------------------------
@@ -283,17 +319,18 @@ def attribute_step(
     """Trace the boundary pair, the cheaper tracer first; True once the comparison is
     stored. Each tracer runs on both releases at once; the next one (tracemalloc) only
     when the last named no site (engine/attribution.py rule 6)."""
-    found = (stages.record(job, stages.RELEASES) or {}).get("result") or {}
+    last_old, first_new = _boundary(job)
     releases = {c.version: c for c in everything if c.stage == stages.RELEASES}
-    good, bad = releases.get(found.get("last_old")), releases.get(found.get("first_new"))
+    good, bad = releases.get(last_old or ""), releases.get(first_new or "")
     if good is None or bad is None:
-        stages.finish(job, stages.ATTRIBUTE, status="error", message=None)
+        stages.finish(job, stages.ATTRIBUTE, status=StageStatus.ERROR, message=None)
         return True
     traced = [t for t in trials if t.kind == TrialKind.ATTRIBUTE]
     if not traced and (source := reuse.find_attribution(session, job, good, bad)):
-        job.attribution = {**(source.attribution or {}), "reused_from": source.id}
-        message = f"{job.attribution['message']} (reused from job {source.id})"
-        stages.finish(job, stages.ATTRIBUTE, status="done", message=message)
+        assert source.attribution is not None  # found by it
+        job.attribution = source.attribution.model_copy(update={"reused_from": source.id})
+        message = f"{job.attribution.message} (reused from job {source.id})"
+        stages.finish(job, stages.ATTRIBUTE, status=StageStatus.DONE, message=message)
         return True
     if any(t.status not in ENDED for t in traced):
         return False
@@ -302,8 +339,7 @@ def attribute_step(
     found = compare_traces(job, good, bad, traced, trials) if ran else None
     # The next tracer runs while those so far named no site (rule 6).
     if following is not None and (
-        found is None
-        or all(attribution.python_tracer_needed(f) for f in found["tracers"].values())
+        found is None or all(attribution.python_tracer_needed(f) for f in found.tracers.values())
     ):
         for candidate in (good, bad):
             add_trials(session, job, candidate, len(candidate.evaluations),
@@ -311,17 +347,18 @@ def attribute_step(
         return False
     assert found is not None  # every tracer ran, or one that ran named a site
     job.attribution = found
-    stages.finish(job, stages.ATTRIBUTE, status="done", message=found["message"])
+    stages.finish(job, stages.ATTRIBUTE, status=StageStatus.DONE, message=found.message)
     return True
 
 
 def compare_traces(
     job: Job, good: Candidate, bad: Candidate, traced: list[Trial], trials: Sequence[Trial] = ()
-) -> dict:
+) -> Attribution:
     """Per tracer: the stacks that grow in `bad` and not in `good` (engine/attribution.py),
     how its runs ended, and for a tracer that did not run, why; `trials`: the job's, for
     the untraced runs the traced ones are measured against."""
     by_tracer: dict[str, Any] = {}
+    package = job.target.package
     for tracer in TRACERS:
         pair = {t.candidate_id: t for t in traced if t.trace == tracer}
         if not pair:  # not needed: an earlier tracer named the site
@@ -330,18 +367,18 @@ def compare_traces(
         g, b = pair.get(good.id), pair.get(bad.id)
         growth = _growth(b)
         by_tracer[tracer] = attribution.compare(
-            _profile(g), _profile(b), job.package, tracer=tracer,
+            _profile(g), _profile(b), package, tracer=tracer,
             rss_growth_bytes=None if growth is None else growth * MIB,
         )  # fmt: skip
         by_tracer[tracer]["seconds"] = {"good": _seconds(g), "bad": _seconds(b)}
         by_tracer[tracer].update(_stops(good, bad, g, b, trials))
-    return {
-        "package": job.package,
-        "last_good": good.version,
-        "first_bad": bad.version,
-        "tracers": by_tracer,
-        "message": _attribution_message(by_tracer),
-    }
+    return Attribution(
+        package=package,
+        last_good=good.version,
+        first_bad=bad.version,
+        tracers=by_tracer,
+        message=_attribution_message(by_tracer),
+    )
 
 
 def _stops(

@@ -28,6 +28,7 @@ from engine.verdicts import Verdict
 from service import pins, pipeline, queue, reuse, stages
 from service.models import Candidate, Job, JobStatus, Trial, TrialKind, TrialStatus, utcnow
 from service.specs import longer_run_hints
+from service.state import SearchOutcome
 from service.store import add_trials, candidates_of, steps_printed, trials_of
 from service.trials import cannot_run_why, classifier_settings
 
@@ -238,12 +239,12 @@ def conclude(session: Session, job: Job, candidates: list[Candidate]) -> None:
     """End the job once its stages have: stage ""'s status (or the mix stage's, when it
     found no culprit), the stages' messages first, and cancel whatever still runs."""
     ended = stages.ending(job)
-    job.status = ended["status"]
+    job.status = JobStatus(ended.status)
     # The outcomes lead; notes written at creation (pins that did not resolve) stay below.
     message = "\n".join(filter(None, [*stages.messages(job), job.message]))
     job.message = _with_note(message, reuse.note(session, candidates))
     job.finished_at = utcnow()
-    job.result = ended.get("result") or {"status": ended["status"], "message": ended["message"]}
+    job.result = ended.result or SearchOutcome(status=ended.status, message=ended.message)
     queue.cancel_open_trials(session, job)
 
 

@@ -2,7 +2,7 @@
 
 Most jobs have one stage: the releases of `Job.package` between the two bounds. Issue
 #12 adds stages before and after it. Every finished stage leaves a record in
-`Job.stages` ({"stage", "status", "message", ...}), so the current stage is the first
+`Job.stages` (a `service.state.StageRecord`), so the current stage is the first
 of `order(job)` without one; `service/scheduler.py` asks under the job's lock, after
 every trial, and the local loop and the service walk the same path.
 
@@ -11,12 +11,12 @@ Stages, in the order `order` lists them:
 1. "mix" (--from/--to only). ddmin over the changed packages (engine/ddmin.py). A mix
    is a candidate holding its whole environment in `Candidate.pins`, built strictly (every
    pin exactly; a mix uv cannot resolve fails to build, a skip, never blamed). When the
-   minimal set is found, its first culprit with two versions becomes `Job.package` and
-   its two versions the job's range. A culprit that was added or removed has no
-   releases: the set is then the answer.
-2. "": the releases of `Job.package` (engine/planner.py). With --from/--to every release
-   is installed with the other culprits at their new versions and everything else as in
-   --from: the mix that leaked, with only this package moving.
+   minimal set is found, its first culprit with two versions and its two versions become
+   the search (`Job.search`; the user's options stay as submitted). A culprit that was
+   added or removed has no releases: the set is then the answer.
+2. "": the releases of the package searched, `Job.target` (engine/planner.py). With
+   --from/--to every release is installed with the other culprits at their new versions
+   and everything else as in --from: the mix that leaked, with only this package moving.
 3. "release:NAME": each further culprit of an interaction, the same way.
 4. "attribute" (--attribute, when stage "" found its boundary): the last good and the
    first bad release under memray, then under tracemalloc only when memray named no site,
@@ -30,7 +30,6 @@ Stages, in the order `order` lists them:
 The job ends with stage ""'s status; a mix stage that cannot go on ends it with its own.
 """
 
-from dataclasses import asdict
 from typing import Any
 
 from packaging.utils import canonicalize_name
@@ -39,9 +38,11 @@ from sqlmodel import Session, col, func, select
 from engine import ddmin
 from engine.verdicts import Verdict
 from service.models import Candidate, Job
+from service.state import CULPRIT_PREFIX, Dependency, StageKind, StageRecord, StageStatus
 
-MIX, RELEASES, ATTRIBUTE, COMMIT = "mix", "", "attribute", "commit"
-CULPRIT_PREFIX = "release:"
+MIX, RELEASES, ATTRIBUTE, COMMIT = (
+    StageKind.MIX, StageKind.RELEASES, StageKind.ATTRIBUTE, StageKind.COMMIT
+)  # fmt: skip
 
 
 def order(job: Job) -> list[str]:
@@ -52,7 +53,7 @@ def order(job: Job) -> list[str]:
         stages.append(RELEASES)
     stages += [CULPRIT_PREFIX + c.name for c in culprits[1:] if c.old and c.new]
     found = record(job, RELEASES)
-    if found is not None and found.get("status") == "found":
+    if found is not None and found.status == StageStatus.FOUND:
         if job.attribute:
             stages.append(ATTRIBUTE)
         if job.commits:
@@ -60,28 +61,30 @@ def order(job: Job) -> list[str]:
     return stages
 
 
-def record(job: Job, stage: str) -> dict[str, Any] | None:
-    return next((r for r in job.stages if r["stage"] == stage), None)
+def record(job: Job, stage: str) -> StageRecord | None:
+    return next((r for r in job.stages if r.stage == stage), None)
 
 
 def current(job: Job) -> str | None:
     """The first stage without a record; None when every stage has ended."""
     mix = record(job, MIX)
-    if mix is not None and mix["status"] != "found":
+    if mix is not None and mix.status != StageStatus.FOUND:
         return None  # the mix stage could not find a culprit: nothing after it can run
     return next((s for s in order(job) if record(job, s) is None), None)
 
 
-def finish(job: Job, stage: str, **fields: Any) -> dict[str, Any]:
-    """Record that `stage` ended (the caller commits)."""
-    entry = {"stage": stage, **fields}
+def finish(job: Job, stage: str, status: StageStatus, **fields: Any) -> StageRecord:
+    """Record that `stage` ended (the caller commits); `fields`: `StageRecord`'s others."""
+    entry = StageRecord(stage=stage, status=status, **fields)
     job.stages = [*job.stages, entry]
     return entry
 
 
 def package_of(job: Job, stage: str) -> str:
     """The package whose versions a stage's candidates move."""
-    return stage.removeprefix(CULPRIT_PREFIX) if stage.startswith(CULPRIT_PREFIX) else job.package
+    if stage.startswith(CULPRIT_PREFIX):
+        return stage.removeprefix(CULPRIT_PREFIX)
+    return job.target.package
 
 
 def next_position(session: Session, job: Job) -> int:
@@ -94,16 +97,17 @@ def next_position(session: Session, job: Job) -> int:
 
 
 def changes_of(job: Job) -> list[ddmin.Change]:
-    return [ddmin.Change(**c) for c in (job.dependency or {}).get("changes", [])]
+    return list(job.dependency.changes) if job.dependency else []
 
 
 def culprit_changes(job: Job) -> list[ddmin.Change]:
-    return [ddmin.Change(**c) for c in (job.dependency or {}).get("culprits", [])]
+    return list(job.dependency.culprits or []) if job.dependency else []
 
 
 def envs_of(job: Job) -> tuple[dict[str, str], dict[str, str]]:
-    dependency = job.dependency or {}
-    return dict(dependency.get("good", {})), dict(dependency.get("bad", {}))
+    if job.dependency is None:
+        return {}, {}
+    return dict(job.dependency.good), dict(job.dependency.bad)
 
 
 def pins_text(pins: dict[str, str]) -> list[str]:
@@ -142,14 +146,11 @@ def new_mix(session: Session, job: Job, applied: frozenset[str], position: int) 
     return candidate
 
 
-def dependency_record(changes: list[ddmin.Change], good: dict, bad: dict) -> dict[str, Any]:
+def dependency_record(changes: list[ddmin.Change], good: dict, bad: dict) -> Dependency:
     """What `Job.dependency` starts as: both environments and what changed between them."""
-    return {
-        "good": good,
-        "bad": bad,
-        "changes": [asdict(c) for c in changes],
-        "worst_case_mixes": ddmin.worst_case_tests(len(changes)),
-    }
+    return Dependency(
+        good=good, bad=bad, changes=changes, worst_case_mixes=ddmin.worst_case_tests(len(changes))
+    )
 
 
 def held_pins(job: Job, package: str, version: str) -> list[str]:
@@ -161,7 +162,7 @@ def held_pins(job: Job, package: str, version: str) -> list[str]:
     return pins_text(pins)
 
 
-def ending(job: Job) -> dict[str, Any]:
+def ending(job: Job) -> StageRecord:
     """The record the job ends with: stage ""'s, or the mix stage's when there is none."""
     found = record(job, RELEASES) or record(job, MIX)
     assert found is not None, "a job ends after one of its stages has"
@@ -170,4 +171,4 @@ def ending(job: Job) -> dict[str, Any]:
 
 def messages(job: Job) -> list[str]:
     """Every finished stage's message, in stage order: the report's headline lines."""
-    return [r["message"] for r in job.stages if r.get("message")]
+    return [r.message for r in job.stages if r.message]

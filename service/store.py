@@ -184,7 +184,9 @@ def jobs_page(
     if status is not None:
         where.append(col(Job.status) == status.value)
     if package:
-        where.append(_canonical(col(Job.package)) == _canonical_text(package))
+        # The package searched now (`Job.target`): a --from/--to job's first culprit.
+        searched = func.coalesce(col(Job.search)["package"].as_string(), col(Job.package))
+        where.append(_canonical(searched) == _canonical_text(package))
     total = session.exec(select(func.count()).select_from(Job).where(*where)).one()
     query = select(Job).where(*where).order_by(col(Job.id).desc()).offset(offset).limit(limit)
     return list(session.exec(query)), total

@@ -116,7 +116,7 @@ def _bisect(session: Session, job: Job, executor: Executor, jobs: int) -> None:
     candidates = store.candidates_of(session, job)
     with ExitStack() as stack:
         if sys.stderr.isatty():
-            display: Any = stack.enter_context(LiveDisplay(err, candidates, job.package))
+            display: Any = stack.enter_context(LiveDisplay(err, candidates, job.target.package))
         else:
             display = LineProgress(err)
         try:
