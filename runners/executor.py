@@ -146,25 +146,22 @@ class _TreeSource:
     """The `runners.watch.SampleSource` of a local run: its process tree, sampled by its
     `Sampler` (which also kills escapes and trips the watchdog), ended by its supervisor."""
 
-    def __init__(self, sampler: Sampler, supervised: Supervised) -> None:
-        self.sampler = sampler
-        self.supervised = supervised
+    def __init__(self, run: _ScriptRun) -> None:
+        self.run = run
 
     def sample(self, t: float, step: int | None) -> Sample | None:
         # `t` is left to the sampler: it stamps the sample when the tree has been read.
         try:
-            return self.sampler.take(step)
+            return self.run.sampler.take(step)
         except Exception:  # noqa: BLE001 - keep watching; a surprise is logged, not fatal
             log.exception("sampling the trial's tree failed")
             return None
 
     def wait_end(self, timeout: float) -> bool:
-        return self.supervised.wait(timeout)
+        return self.run.supervised.wait(timeout)
 
     def stop(self) -> None:
-        """End the tree now and wait for the supervisor."""
-        self.supervised.stop()
-        self.supervised.wait_stopped()
+        self.run.stop()
 
 
 class _ScriptRun:
@@ -246,11 +243,12 @@ class _ScriptRun:
         args = WatchArgs(t0=self.t0, deadline=time.monotonic() + timeout_s, sample_hz=sample_hz,
                          memory_limit_bytes=self.cap.limit_bytes, early_stop=early_stop,
                          on_sample=on_sample)  # fmt: skip
-        self.seen = watch(_TreeSource(self.sampler, self.supervised), self.out, args)
+        self.seen = watch(_TreeSource(self), self.out, args)
 
     def stop(self) -> None:
-        """End the tree now (interrupt) and wait for the supervisor."""
-        _TreeSource(self.sampler, self.supervised).stop()
+        """End the tree now (timeout, early stop, interrupt) and wait for the supervisor."""
+        self.supervised.stop()
+        self.supervised.wait_stopped()
 
     def finish(self) -> None:
         """After the supervisor exited: nothing of the trial survives it."""
