@@ -125,8 +125,10 @@ def again_job(
     options["max_runs"] = max(job.max_runs, options["repeats"])
     options["reuse_verdicts"] = False
     if job.from_env is not None:
-        # The two environments are what was asked; `package` and the bounds are what the
-        # search found (service/pipeline.py), not options.
+        # The two environments are what was asked: no package, no range (`good` and `bad`
+        # name the two files). The culprit the search found is `Job.search`, never an
+        # option; a row that still holds it in `package` (written before migration 0016
+        # moved it out) is asked again without it.
         if body.candidate:
             raise InvalidInput(
                 "a --from/--to job is bisected again whole, from its two environments",
