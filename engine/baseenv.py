@@ -5,7 +5,8 @@ exactly the versions of a file the user made from that environment, with only th
 bisected package swapped (runners/envs.py installs them all, held as constraints, and
 records any pin a candidate forces). The file's text travels in the job and is untrusted,
 so it is parsed here, on the API server, into `name==version` pins and nothing else:
-nothing in it is fetched, followed or built.
+nothing in it is fetched, followed or built. The same parser reads `--from`/`--to`'s two
+environments; which of these a job has is its environment policy (service/envpolicy.py).
 
 Rules, in code order:
 

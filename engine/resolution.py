@@ -21,7 +21,8 @@ Rules, in order:
 
 Where the pins do not fit a candidate, that candidate is resolved freely and its row
 says so (runners/envs.py). `--base-env FILE` replaces this policy: the user's file is the
-pins, and it is refused together with `--as-released` or `--resolve-at` (engine/baseenv.py).
+pins (engine/baseenv.py). Which policy a job has, and which options refuse each other, is
+service/envpolicy.py's (its `ResolvedAt` and `AsReleased` call the functions here).
 """
 
 from datetime import UTC, date, datetime, time, timedelta

@@ -7,11 +7,11 @@ from typing import Any
 from sqlmodel import Session
 
 from contract.errors import InvalidInput
-from engine import baseenv, ddmin, releases
-from engine.resolution import pins_as_of
+from engine import ddmin, releases
 from service import pins, stages
+from service.envpolicy import EnvPair
 from service.index import LOCAL, PYPI_SIMPLE, FetchPolicy, list_releases, target_tags
-from service.models import Candidate, Job, PinState
+from service.models import Candidate, Job
 from service.options import JobOptions
 from service.schemas import JobCreate
 
@@ -92,26 +92,21 @@ def create_job(
     insert, before any candidate is written).
     """
     given = {"machine": machine, "local": local, "owner": owner, "idempotency": idempotency}
-    if request.from_env is not None:
-        return _create_dependency_job(session, request, given)
+    policy = request.env_policy
+    if isinstance(policy, EnvPair):
+        return _create_dependency_job(session, request, policy, given)
     found = releases_for(request, fetch)
-    held: dict[str, Any] = {}
-    if request.base_env is not None:
-        base = baseenv.parse(request.base_env, request.base_env_name)
-        held = {"constraints": base.split(request.package)[0], "pins_as_of": None}
-    as_of = pins_as_of(
-        as_released=request.as_released,
-        resolve_at=request.resolve_at,
-        good=(found[0].version, found[0].upload_time),
-        newest=(found[-1].version, found[-1].upload_time),
-    )
     job = _job(
         request,
         given,
         good=found[0].version,
         bad=found[-1].version,
-        pin_state=pins.initial_state(request.as_released, request.base_env is not None),
-        **{"pins_as_of": as_of, **held},  # a base env holds its own pins, as of no date
+        pin_state=pins.initial_state(policy),
+        constraints=policy.base_pins(request.package),  # a base env's; else the resolve trial's
+        pins_as_of=policy.pins_as_of(
+            good=(found[0].version, found[0].upload_time),
+            newest=(found[-1].version, found[-1].upload_time),
+        ),
     )
     session.add(job)
     session.flush()
@@ -136,11 +131,11 @@ def _job(request: JobCreate, given: dict[str, Any], **fields: Any) -> Job:
     )
 
 
-def _create_dependency_job(session: Session, request: JobCreate, given: dict[str, Any]) -> Job:
+def _create_dependency_job(
+    session: Session, request: JobCreate, pair: EnvPair, given: dict[str, Any]
+) -> Job:
     """A --from/--to job: both environments, what changed, and the two ends as mixes."""
-    assert request.from_env is not None and request.to_env is not None
-    good = baseenv.parse(request.from_env, request.from_env_name, field="from_env").pins
-    bad = baseenv.parse(request.to_env, request.to_env_name, field="to_env").pins
+    good, bad = pair.pins()
     changes = ddmin.changes(good, bad)
     if not changes:
         raise InvalidInput(
@@ -150,9 +145,9 @@ def _create_dependency_job(session: Session, request: JobCreate, given: dict[str
     job = _job(
         request,
         given,
-        good=request.from_env_name or "--from",
-        bad=request.to_env_name or "--to",
-        pin_state=PinState.NONE,
+        good=pair.labels[0],
+        bad=pair.labels[1],
+        pin_state=pins.initial_state(pair),
         dependency=stages.dependency_record(changes, good, bad),
     )
     session.add(job)

@@ -4,8 +4,14 @@
 from it (`Job.model_validate(request, update=...)`); `bisect-cli run` and `submit` derive
 their flags, help texts and defaults from it (service/cli/options.py); error messages name
 the flag it declares (`flag_names`); and the README's option table is generated from it
-(`markdown_table`, checked by tests/test_docs.py). A new option is one `option(...)` field
-here plus the code that uses it.
+(`markdown_table`, checked by tests/test_docs.py); an option whose flag names a file the
+CLI reads says so (`file=`, `file_options`). A new option is one `option(...)` field here
+plus the code that uses it.
+
+The environment-policy fields (`as_released`, `resolve_at`, `base_env`, `from_env`/`to_env`
+and their names) stay flat on the wire and in the table, but are read as one union,
+`env_policy` (service/envpolicy.py), whose module holds every rule between them: the one
+validator `_env_policy` runs it. Code that acts on the policy asks the union.
 
 `option()` is `sqlmodel.Field` plus where the option appears on the command line: its
 flag(s) and the commands that offer it. Flags live in the field's JSON schema under
@@ -23,9 +29,8 @@ from sqlalchemy import JSON, BigInteger, Text
 from sqlmodel import Field, SQLModel
 
 from contract.earlystop import MIN_HORIZON_S
-from engine import baseenv
-from engine.resolution import parse_resolve_at
 from engine.units import SIZE_HELP, parse_size
+from service import envpolicy
 
 MAX_SCRIPT_BYTES = 1024 * 1024
 # A cap below this cannot hold a Python interpreter; above it is no cap at all.
@@ -52,14 +57,19 @@ def option(
     help: str,
     commands: tuple[str, ...] = RUN_AND_SUBMIT,
     metavar: str | None = None,
+    file: str | None = None,
     **field: Any,
 ) -> Any:
     """A job option: `Field(...)` plus its command-line flag(s) (None: not on the CLI).
 
     ``flag`` is "--name", "--name/-n" for a short form, or "--on/--off" for a bool whose
     default is on. ``help`` is the one text shown by --help, the README and OpenAPI.
+    ``file``: the flag names a file the CLI reads; the option holds its text and the field
+    ``file`` its name (`file_options`).
     """
     cli = {"flag": flag, "commands": list(commands), "metavar": metavar} if flag else None
+    if cli and file:
+        cli["file"] = file
     extra = {"x-cli": cli} if cli else None
     schema: dict[str, Any] = {"json_schema_extra": extra}
     if field.pop("validate_default", False):  # checked even when not given (sqlmodel's
@@ -90,6 +100,7 @@ class JobOptions(SQLModel):
         "the smallest set of its changes towards --to that leaks is found, then each "
         "culprit's first bad release.",
         metavar="GOOD_ENV",
+        file="from_env_name",
         sa_type=Text,
     )
     to_env_name: str | None = option(
@@ -100,6 +111,7 @@ class JobOptions(SQLModel):
         flag="--to",
         help="The environment that leaks (same formats as --from).",
         metavar="BAD_ENV",
+        file="to_env_name",
         sa_type=Text,
         validate_default=True,
     )
@@ -180,6 +192,7 @@ class JobOptions(SQLModel):
         "file of == pins, a uv.lock or a pylock.toml): every candidate gets exactly those "
         "versions, with only the bisected package swapped (and what it forces noted).",
         metavar="FILE",
+        file="base_env_name",
         sa_type=Text,
     )
     find_fix: bool = option(
@@ -292,31 +305,12 @@ class JobOptions(SQLModel):
         sa_type=JSON,
     )
 
-    @field_validator("resolve_at")
+    @field_validator(*envpolicy.RULES, check_fields=False)  # "range" is JobCreate's
     @classmethod
-    def _resolve_at(cls, value: str | None, info: ValidationInfo) -> str | None:
-        if value is None:
-            return None
-        if info.data.get("as_released"):
-            raise ValueError(
-                "cannot be combined with as released (--as-released): each says when to "
-                "resolve; give one"
-            )
-        parse_resolve_at(value)  # InvalidInput, a ValueError, says what is allowed
-        return value.strip()
-
-    @field_validator("as_released", "resolve_at", "find_fix")
-    @classmethod
-    def _not_with_envs(cls, value: Any, info: ValidationInfo) -> Any:
-        if value and info.data.get("from_env") is not None:
-            raise ValueError(
-                "cannot be combined with --from/--to: the two environments hold every "
-                "version already"
-                if info.field_name != "find_fix"
-                else "cannot be combined with --from/--to, which find what makes the good "
-                "environment leak"
-            )
-        return value
+    def _env_policy(cls, value: Any, info: ValidationInfo) -> Any:
+        # Every rule between the environment-policy fields, in one place (service/envpolicy.py).
+        assert info.field_name is not None
+        return envpolicy.check(info.field_name, value, info.data)
 
     @field_validator("repo")
     @classmethod
@@ -329,55 +323,11 @@ class JobOptions(SQLModel):
             raise ValueError("empty or not one line; give an http(s) URL or a local path")
         return value.strip()
 
-    @field_validator("base_env")
-    @classmethod
-    def _base_env(cls, value: str | None, info: ValidationInfo) -> str | None:
-        if value is None:
-            return None
-        if info.data.get("from_env") is not None:
-            raise ValueError(
-                "cannot be combined with --from/--to: --from is the base environment"
-            )
-        for name, flag in (("as_released", "--as-released"), ("resolve_at", "--resolve-at")):
-            if info.data.get(name):
-                raise ValueError(
-                    f"cannot be combined with {flag}: the base environment already says "
-                    "every other package's version; give one"
-                )
-        baseenv.parse(value, info.data.get("base_env_name"))  # InvalidInput says what is wrong
-        return value
-
-    @field_validator("to_env")
-    @classmethod
-    def _to_env(cls, value: str | None, info: ValidationInfo) -> str | None:
-        given = info.data.get("from_env")
-        if (value is None) != (given is None):
-            raise ValueError(
-                "give both --from (the good environment) and --to (the bad one), or neither"
-            )
-        if value is not None:
-            baseenv.parse(value, info.data.get("to_env_name"), field="to_env")
-        return value
-
-    @field_validator("from_env")
-    @classmethod
-    def _from_env(cls, value: str | None, info: ValidationInfo) -> str | None:
-        if value is not None:
-            baseenv.parse(value, info.data.get("from_env_name"), field="from_env")
-        return value
-
     @field_validator("package")
     @classmethod
-    def _package(cls, value: str, info: ValidationInfo) -> str:
-        if info.data.get("from_env") is not None:
-            if value:
-                raise ValueError(
-                    "not with --from/--to: the two environments say which packages changed, "
-                    "and the search finds the culprit"
-                )
+    def _package(cls, value: str) -> str:
+        if not value:  # only with --from/--to (`_env_policy` requires it otherwise)
             return value
-        if not value:
-            raise ValueError("missing; name the package whose releases to bisect")
         try:
             name = Requirement(value).name
         except InvalidRequirement:
@@ -459,6 +409,11 @@ class JobOptions(SQLModel):
         return values
 
     @property
+    def env_policy(self) -> envpolicy.EnvPolicy:
+        """How the packages besides the bisected one are chosen: one of four kinds."""
+        return envpolicy.of(self)
+
+    @property
     def classifier(self) -> dict[str, float]:
         """The classifier settings this job overrides."""
         names = ("min_growth_mib", "min_growth_fraction")
@@ -483,10 +438,19 @@ def option_fields(command: str | None = None) -> dict[str, FieldInfo]:
     }
 
 
+def file_options() -> dict[str, tuple[str, str]]:
+    """The options whose flag names a file the CLI reads: field -> (flag, file name field)."""
+    return {
+        name: (cli["flag"].split("/")[0], cli["file"])
+        for name, info in option_fields().items()
+        if (cli := cli_of(info)) and cli.get("file")
+    }
+
+
 def flag_names() -> dict[str, str]:
     """Field name -> the flag a user types, so messages name what they can fix."""
     names = {"script": "SCRIPT", "requirements": "--with/-r", "range": "--range"}
-    names |= {"from_env_name": "--from", "to_env_name": "--to", "base_env_name": "--base-env"}
+    names |= {name_field: flag for flag, name_field in file_options().values()}
     for name, info in option_fields().items():
         cli = cli_of(info)
         assert cli is not None

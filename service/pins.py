@@ -2,11 +2,11 @@
 
 Resolving a requirement set can build sdists (their build backends are arbitrary code),
 so the API server never does it: a job that needs pins (`PinState.PENDING`, set at
-creation unless it resolves "as released" or brings its own pins with `--base-env`,
-engine/baseenv.py) gets one *resolve trial* for its good bound
-before anything else runs. A runner resolves it (`uv pip compile`, sandboxed like any
-build) and reports the pins, which become `Job.constraints`; every candidate is then
-built with them as constraints, falling back to free resolution where they do not fit.
+creation for the `ResolvedAt` environment policy, service/envpolicy.py; not as released,
+not with its own pins from `--base-env` or `--from/--to`) gets one *resolve trial* for its
+good bound before anything else runs. A runner resolves it (`uv pip compile`, sandboxed
+like any build) and reports the pins, which become `Job.constraints`; every candidate is
+then built with them as constraints, falling back to free resolution where they do not fit.
 
 Rules, in the order `pending` applies them:
 
@@ -30,17 +30,22 @@ from sqlmodel import Session, col, select
 
 from contract.wire import TrialReport
 from service import store
+from service.envpolicy import AsReleased, BaseEnv, EnvPair, EnvPolicy, ResolvedAt
 from service.models import Candidate, Job, PinState, Trial, TrialKind, TrialStatus
 from service.specs import env_spec
 
 FAILED_NOTE = "no pins from the good bound (candidates resolve freely): {reason}"
 
 
-def initial_state(as_released: bool, base_env: bool = False) -> PinState:
-    """A base environment is the pins itself (engine/baseenv.py): nothing to resolve."""
-    if base_env:
-        return PinState.RESOLVED
-    return PinState.NONE if as_released else PinState.PENDING
+def initial_state(policy: EnvPolicy) -> PinState:
+    """Where a new job's pins stand under its environment policy (service/envpolicy.py)."""
+    match policy:
+        case ResolvedAt():
+            return PinState.PENDING  # resolved on a runner, by the resolve trial
+        case BaseEnv():
+            return PinState.RESOLVED  # the user's file is the pins: nothing to resolve
+        case AsReleased() | EnvPair():
+            return PinState.NONE  # no shared pins / each mix holds its own
 
 
 def pending(session: Session, job: Job, trials: list[Trial]) -> bool:

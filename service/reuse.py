@@ -66,6 +66,7 @@ from sqlmodel import Session, col, select
 from contract.earlystop import MIN_HORIZON_S
 from engine.analysis import ClassifierSettings
 from engine.verdicts import Verdict
+from service.envpolicy import AsReleased
 from service.models import Candidate, Job, Trial, TrialKind, TrialStatus
 from service.specs import env_spec
 
@@ -121,7 +122,7 @@ def key_material(job: Job, candidate: Candidate) -> dict[str, Any]:
         "v": KEY_VERSION,
         "script_sha256": job.script_sha256,
         "script_name": job.script_name,
-        "package": canonicalize_name(job.package),
+        "package": canonicalize_name(job.target.package),
         "version": _version(candidate.version),
         "env": {
             "python": spec.python,
@@ -130,8 +131,8 @@ def key_material(job: Job, candidate: Candidate) -> dict[str, Any]:
             "extra_index_urls": list(spec.extra_index_urls),
             "find_links": list(spec.find_links),
             "pre": spec.pre,
-            "as_released": job.as_released,
-            "constraints": _other_pins(spec.constraints, job.package),
+            "as_released": isinstance(job.env_policy, AsReleased),
+            "constraints": _other_pins(spec.constraints, job.target.package),
             "exclude_newer": spec.exclude_newer.isoformat() if spec.exclude_newer else None,
             # Only when set, so the keys of jobs without one stay what they were.
             **({"base_env": True} if spec.base_env else {}),
@@ -322,7 +323,7 @@ def find_attribution(session: Session, job: Job, good: Candidate, bad: Candidate
     for job_id in sorted(jobs_with(good.reuse_key) & jobs_with(bad.reuse_key), reverse=True):
         other = session.get(Job, job_id)
         found = other.attribution if other is not None else None
-        if found and (found.get("last_good"), found.get("first_bad")) == (
+        if found and (found.last_good, found.first_bad) == (
             good.version, bad.version
         ):  # fmt: skip
             return other

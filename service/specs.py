@@ -39,22 +39,22 @@ from service.models import Candidate, Job, Trial, TrialKind, TrialStatus
 def env_spec(job: Job, candidate: Candidate, *, resolving: bool = False) -> EnvSpec:
     """A candidate's environment; `resolving`: for the resolve trial that makes the pins.
 
-    As released, only what the index held the moment the candidate was uploaded. The
-    pins are resolved as of `Job.pins_as_of` (engine/resolution.py); candidates are then
-    built with them as constraints, so the cutoff only applies where they are made.
+    The job's environment policy says the rest: as released, only what the index held the
+    moment the candidate was uploaded; otherwise the pins are resolved as of
+    `Job.pins_as_of` (engine/resolution.py) and candidates are then built with them as
+    constraints, so the cutoff only applies where they are made.
     """
     if candidate.pins:
         return _held_spec(job, candidate)
-    if job.as_released:
-        exclude_newer = candidate.upload_time
-    else:
-        exclude_newer = job.pins_as_of if resolving else None
+    policy = job.env_policy  # service/envpolicy.py
     return EnvSpec(
-        package=job.package,
+        package=job.target.package,
         version=_version(job, candidate),
-        constraints=[] if job.as_released else list(job.constraints),
-        exclude_newer=exclude_newer,
-        base_env=job.base_env is not None,
+        constraints=list(job.constraints) if policy.shared_pins else [],
+        exclude_newer=policy.exclude_newer(
+            candidate.upload_time, job.pins_as_of if resolving else None
+        ),
+        base_env=policy.holds_every_pin,
         source=candidate.source,
         **_job_env(job),
     )
@@ -74,7 +74,7 @@ def _job_env(job: Job) -> dict[str, Any]:
 
 def _version(job: Job, candidate: Candidate) -> str:
     """A commit is named by its short hash; uv builds it from `source`, as the bad release."""
-    return job.bad if candidate.source else candidate.version
+    return job.target.bad if candidate.source else candidate.version
 
 
 def _held_spec(job: Job, candidate: Candidate) -> EnvSpec:
@@ -190,12 +190,14 @@ def trial_spec(
 def commit_range(job: Job) -> CommitRange:
     """What a commits trial lists: the repository and the boundary's two releases, as the
     commit stage recorded them when it queued the trial (service/pipeline.py)."""
-    listing = job.commit or {}
+    listing = job.commit
+    assert listing is not None and listing.repo is not None  # the commit stage set them
+    assert listing.last_good_release is not None and listing.first_bad_release is not None
     return CommitRange(
-        repo=listing["repo"],
-        package=job.package,
-        good=listing["last_good_release"],
-        bad=listing["first_bad_release"],
+        repo=listing.repo,
+        package=job.target.package,
+        good=listing.last_good_release,
+        bad=listing.first_bad_release,
     )
 
 
