@@ -1,8 +1,8 @@
 """Early stopping: end a trial as soon as its verdict can no longer change.
 
 Pure: samples, step markers and an `EarlyStop` (contract/wire.py) in, None or a one-line
-reason out; no I/O, no clock. An `EarlyStopper` holds one trial's looks: both watch loops
-(runners/executor.py, runners/docker/watch.py) call its `look` every `look_every_s` over
+reason out; no I/O, no clock. An `EarlyStopper` holds one trial's looks: the watch loop
+(runners/watch.py, for both executors) calls its `look` every `look_every_s` over
 the samples and the markers they reach (`seen_by_samples`), and `replay` takes the same
 looks over a finished trace (tests, the bench), so the same arithmetic runs live and in
 replay. Its `record` (horizon and looks tested) is what the runner reports.
@@ -273,7 +273,7 @@ def replay(
     stopper: EarlyStopper | EarlyStop,
 ) -> Replay:
     """A look every `look_every_s` of the trace's clock, each over the samples so far and the
-    markers they reach (a sample carries the newest marker before it), as the watch loops."""
+    markers they reach (a sample carries the newest marker before it), as the watch loop."""
     if isinstance(stopper, EarlyStop):
         stopper = EarlyStopper(stopper)
     tt = np.asarray(t, dtype=float)
