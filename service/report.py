@@ -14,7 +14,7 @@ import shlex
 from typing import Any
 
 from contract.envargs import freeze_diff, index_args
-from engine import baseenv, crash, resolution
+from engine import crash
 from engine.verdicts import Verdict
 from service import stages
 from service.models import Candidate, Job, Trial, TrialKind, TrialStatus
@@ -29,6 +29,7 @@ from service.schemas import (
     dependency_change,
 )
 from service.specs import env_spec
+from service.state import dump
 
 
 def transition_line(row: TransitionRow) -> str:
@@ -118,7 +119,7 @@ def reproduce_command(job: Job, candidate: Candidate) -> str:
         ["--python", job.python] if job.python else []
     )
     # The recorded freeze pins every package as it was during the trial.
-    packages = candidate.freeze or [f"{job.package}=={candidate.version}", *job.requirements]
+    packages = candidate.freeze or [f"{job.target.package}=={candidate.version}", *job.requirements]
     install = ["uv", "pip", "install", "--python", "/tmp/leakbisect-repro", *packages]
     install += index_args(env_spec(job, candidate))
     run = ["/tmp/leakbisect-repro/bin/python", job.script_name]
@@ -135,7 +136,7 @@ def dependency_section(job: Job, trials: list[Trial]) -> dict[str, Any] | None:
     """--from/--to's answer for reports: what changed, the minimal set, each mix's runs."""
     if job.dependency is None:
         return None
-    found = {k: v for k, v in job.dependency.items() if k not in ("good", "bad")}
+    found = {k: v for k, v in job.dependency.dump().items() if k not in ("good", "bad")}
     runs = _runs(trials)
     found["mixes"] = [
         {**mix, "trials": sum(1 for t in runs if t.candidate_id == mix.get("candidate_id"))}
@@ -143,30 +144,22 @@ def dependency_section(job: Job, trials: list[Trial]) -> dict[str, Any] | None:
     ]
     # Each culprit's own release search (the first one's is also the report's pair).
     found["releases"] = [
-        {"package": r.get("package") or job.package, "status": r["status"],
-         "last_good": (r.get("result") or {}).get("last_old"),
-         "first_bad": (r.get("result") or {}).get("first_new"), "message": r.get("message")}
+        {"package": r.package or job.target.package, "status": r.status,
+         "last_good": r.result.last_old if r.result else None,
+         "first_bad": r.result.first_new if r.result else None, "message": r.message}
         for r in job.stages
-        if r["stage"] == stages.RELEASES or r["stage"].startswith(stages.CULPRIT_PREFIX)
+        if r.stage == stages.RELEASES or r.stage.startswith(stages.CULPRIT_PREFIX)
     ]  # fmt: skip
     return found
 
 
 def environment(job: Job) -> str:
-    """How the packages besides the bisected one were chosen (the report's line)."""
-    if job.from_env is not None:
-        return (
-            f"every candidate is {job.from_env_name or '--from'} with the culprits' new "
-            "versions, each pin held exactly (a mix uv cannot resolve is skipped)"
-        )
-    if job.base_env is not None:
-        base = baseenv.parse(job.base_env, job.base_env_name)
-        return baseenv.describe(base, package=job.package, source=job.base_env_name)
-    return resolution.describe(
-        as_released=job.as_released,
-        resolve_at=job.resolve_at,
+    """How the packages besides the bisected one were chosen (the report's line): the
+    environment policy says (service/envpolicy.py)."""
+    return job.env_policy.describe(
+        package=job.target.package,
         as_of=job.pins_as_of,
-        newest=job.bad,
+        newest=job.target.bad,
         find_fix=job.find_fix,
     )
 
@@ -188,31 +181,31 @@ def environment_line(job: Job, trials: list[Trial]) -> str:
 
 
 def build_report(job: Job, candidates: list[Candidate], trials: list[Trial]) -> Report:
-    result = job.result or {}
+    result = job.result
     by_version = {c.version: c for c in candidates}
-    last_old = by_version.get(result.get("last_old") or "")
-    first_new = by_version.get(result.get("first_new") or "")
+    last_old = by_version.get(result.last_old or "") if result else None
+    first_new = by_version.get(result.first_new or "") if result else None
     report = Report(
         job_id=job.id,
         status=job.status,
         message=job.message,
-        package=job.package,
-        range=f"{job.good}..{job.bad}",
+        package=job.target.package,
+        range=job.target.range,
         find_fix=job.find_fix,
         last_old=last_old.version if last_old else None,
         first_new=first_new.version if first_new else None,
-        between=list(result.get("skipped", [])),
+        between=list(result.skipped) if result else [],
         skipped=[c.version for c in candidates if _unjudged(c)],
-        not_monotone=result.get("not_monotone"),
-        disagree=list(result.get("disagree", [])),
-        transitions=[TransitionRow(**t) for t in result.get("transitions", [])],
+        not_monotone=result.not_monotone if result else None,
+        disagree=list(result.disagree) if result else [],
+        transitions=[TransitionRow(**t.dump()) for t in result.transitions] if result else [],
         candidates=candidate_rows(candidates, trials, job),
         trials=len(_runs(trials)),
         machine=job.machine,
         environment=environment_line(job, trials),
         dependency=dependency_section(job, trials),
-        attribution=job.attribution,
-        commit=job.commit,
+        attribution=dump(job.attribution),
+        commit=dump(job.commit),
     )
     if last_old and first_new:
         report.dependency_diff = [
@@ -249,9 +242,9 @@ def _with_crash_hints(
         fix = crash.hint(
             line,
             last.log_tail or "",
-            bisected=job.package,
+            bisected=job.target.package,
             freeze=bound.freeze,
-            shared_pins=not job.as_released,
+            shared_pins=job.env_policy.shared_pins,
         )
         if fix:
             lines.append(f"hint: {fix}")

@@ -19,7 +19,7 @@ from sqlalchemy.engine import make_url
 
 from engine import baseenv
 from service.cli.errors import fail, validation_message
-from service.options import cli_of, option_fields
+from service.options import cli_of, file_options, option_fields
 from service.schemas import JobCreate
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -174,11 +174,7 @@ def read_requirements(path: Path) -> list[str]:
 
 
 # Options naming a file of pins that the CLI reads: the field, its flag and its name field.
-ENV_FILES = {
-    "base_env": ("--base-env", "base_env_name"),
-    "from_env": ("--from", "from_env_name"),
-    "to_env": ("--to", "to_env_name"),
-}
+ENV_FILES = file_options()
 
 
 def read_env_file(flag: str, path: Path) -> str:
