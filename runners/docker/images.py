@@ -2,8 +2,8 @@
 
     uv run python -m runners.docker.images [--base TAG] [--only runner|api] [--force]
 
-The build context is the project (pyproject.toml, uv.lock, README.md, runners/, service/,
-migrations/, dockerfiles/) plus, when ``SSL_CERT_FILE`` names a file, that CA bundle as
+The build context is the project (pyproject.toml, uv.lock, README.md, contract/, engine/,
+runners/, service/, migrations/, dockerfiles/) plus, when ``SSL_CERT_FILE`` names a file, that CA bundle as
 ``dockerfiles/ca/ca-bundle.pem``, so uv inside the build trusts the same proxy the host does.
 Builds use the host network (``network_mode="host"``): never a bridge network. The base is
 ``--base`` (default ``leakbisect-base:bookworm``, built offline by
@@ -22,12 +22,12 @@ import time
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]  # the project: runners/docker/ is two down
 BASE_IMAGE = "leakbisect-base:bookworm"
 RUNNER_IMAGE = "leakbisect-runner:latest"
 API_IMAGE = "leakbisect-api:latest"
-CONTEXT = ("pyproject.toml", "uv.lock", "README.md", "runners", "service", "migrations",
-           "dockerfiles")  # fmt: skip
+CONTEXT = ("pyproject.toml", "uv.lock", "README.md", "contract", "engine", "runners", "service",
+           "migrations", "dockerfiles")  # fmt: skip
 _SKIP = re.compile(r"(__pycache__|\.pyc$|\.pytest_cache|ca-bundle\.pem$)")
 
 
