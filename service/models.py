@@ -1,7 +1,7 @@
 """SQLModel tables: jobs, their candidates, trials and memory samples.
 
 A job's options are defined once in `service.options.JobOptions`, which `Job` extends;
-wire models (what the API and CLI print) live in `service.schemas` and `service.report`.
+wire models (what the API and CLI print) live in `service.schemas`.
 A job's JSON columns of state (its stages, outcome, findings, search) are typed: the models
 and the column type that stores them are `service.state`'s. The other JSON columns hold
 lists and analysis dicts whose shape belongs to the code that writes them (the classifier,
