@@ -17,7 +17,6 @@ from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
-    ValidationInfo,
     field_validator,
     model_validator,
 )
@@ -43,13 +42,10 @@ class JobCreate(JobOptions):
 
     @field_validator("range")
     @classmethod
-    def _range(cls, value: str, info: ValidationInfo) -> str:
-        if info.data.get("from_env") is not None:
-            if value:
-                raise ValueError("not with --from/--to: the two environments are the range")
-            return value
+    def _range(cls, value: str) -> str:
+        # Missing, or given with --from/--to: `_env_policy` (service/envpolicy.py) has said so.
         if not value:
-            raise ValueError("missing; write GOOD..BAD, e.g. 1.0.0..1.0.9")
+            return value
         good, sep, bad = value.partition("..")
         if not sep or not good.strip() or not bad.strip():
             raise ValueError(f"{value!r} is not a range; write GOOD..BAD, e.g. 1.0.0..1.0.9")
