@@ -64,7 +64,7 @@ import psutil  # noqa: E402
 from sqlalchemy import create_engine, func, insert, text  # noqa: E402
 from sqlmodel import Session, col, select  # noqa: E402
 
-from bench.common import machine, reachable_tmpdir  # noqa: E402
+from bench.common import machine, reachable_tmpdir, write_report  # noqa: E402
 from contract.wire import API_PREFIX, EnvResult, Sample, TrialReport  # noqa: E402
 from runners.client import ApiClient, ApiError, ApiUnreachable  # noqa: E402
 from service import queue  # noqa: E402
@@ -725,9 +725,7 @@ about {1000 / cost["total"]:.0f} claims per second before HTTP, JSON and thread 
 counted. The API process runs its handlers in threads of one interpreter (one GIL), so
 under load it is bound by one core, whatever the number of runners.
 """
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(text_)
-    return text_
+    return write_report(path, text_)
 
 
 def main() -> int:

@@ -20,12 +20,16 @@ import uuid
 from collections import Counter
 from pathlib import Path
 
-from sqlalchemy import create_engine, func, insert, text
-from sqlmodel import Session, col, select
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))  # run as a script: bench/ is not an installed package
 
-from service import queue
-from service.db import upgrade
-from service.models import Candidate, Job, Runner, Trial, TrialStatus, utcnow
+from sqlalchemy import create_engine, func, insert, text  # noqa: E402
+from sqlmodel import Session, col, select  # noqa: E402
+
+from bench.common import write_report  # noqa: E402
+from service import queue  # noqa: E402
+from service.db import upgrade  # noqa: E402
+from service.models import Candidate, Job, Runner, Trial, TrialStatus, utcnow  # noqa: E402
 
 ADMIN_URL = os.environ.get(
     "BISECT_TEST_PG", "postgresql+psycopg://postgres@127.0.0.1:5432/postgres"
@@ -152,9 +156,7 @@ queue's SQL and Python's overhead, not the network.
 | Double claims | **{r["double_claims"]}** |
 | Runner errors | {len(r["errors"])} |
 """
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(text_)
-    return text_
+    return write_report(path, text_)
 
 
 def main() -> int:

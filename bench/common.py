@@ -38,6 +38,14 @@ class Config:
         return quick if self.quick else full
 
 
+def write_report(path: Path, text: str) -> str:
+    """Write a standalone benchmark's Markdown report (bench/claims.py, bench/api_load.py),
+    making its folder; the text, for the caller to print."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+    return text
+
+
 def table(caption: str, headers: list[str], rows: list[list[Any]], note: str = "") -> dict:
     """A table as the report renders it: every cell already formatted as text."""
     return {

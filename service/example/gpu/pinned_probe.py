@@ -27,15 +27,7 @@ from typing import Any
 
 import psutil
 
-from service.example.gpu.repro import (
-    EXIT_CANNOT_TEST,
-    EXIT_CUDA_ERROR,
-    Cuda,
-    CudaError,
-    MiB,
-    NoDriver,
-    library_path,
-)
+from service.example.gpu.repro import Cuda, MiB, with_cuda
 
 STATUS_FIELDS = ("VmRSS", "RssAnon", "RssFile", "RssShmem", "VmPin", "VmLck", "VmSize")
 ROLLUP_FIELDS = (
@@ -124,16 +116,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     if args.mib <= 0:
         ap.error(f"--mib: {args.mib} is not a positive number of MiB")
-    try:
-        report = probe(Cuda(library_path()), args.mib)
-    except NoDriver as exc:
-        print(f"cannot test: {exc}", file=sys.stderr)
-        return EXIT_CANNOT_TEST
-    except CudaError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return EXIT_CUDA_ERROR
-    print(json.dumps(report, sort_keys=True))
-    return 0
+    return with_cuda(lambda cuda: print(json.dumps(probe(cuda, args.mib), sort_keys=True)))
 
 
 if __name__ == "__main__":

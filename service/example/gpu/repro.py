@@ -321,8 +321,14 @@ def main() -> int:
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_BAD_SETTINGS
+    return with_cuda(lambda cuda: run(cuda, names, steps, pause))
+
+
+def with_cuda(work: Callable[[Cuda], object]) -> int:
+    """Run `work` on the driver library; the script contract's exit status: 0, 125 without
+    a CUDA driver, 1 when a CUDA call fails (said on stderr). pinned_probe.py shares it."""
     try:
-        run(Cuda(library_path()), names, steps, pause)
+        work(Cuda(library_path()))
     except NoDriver as exc:
         print(f"cannot test: {exc}", file=sys.stderr)
         return EXIT_CANNOT_TEST
