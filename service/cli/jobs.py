@@ -9,25 +9,23 @@ refused request or no such job (HTTP 4xx), 1 a server that cannot be reached or 
 that cannot be read.
 """
 
+import functools
 import json
-from typing import Annotated, Any
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Annotated, Any, TypeVar
 
 import typer
+from pydantic import BaseModel
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
 from service.cli.display import render_report
 from service.cli.errors import fail
-from service.cli.options import DatabaseUrl, Json
-from service.cli.remote import (
-    DEFAULT_SERVER,
-    ArgvToken,
-    Server,
-    Token,
-    api_errors,
-    make_client,
-)
+from service.cli.options import DatabaseUrl, Json, keyword, own_params, set_params
+from service.cli.remote import DEFAULT_SERVER, ArgvToken, Server, Token, api_errors, make_client
 from service.cli.source import LocalSource, Source, open_source
 from service.schemas import JobPage, JobPublic, JobSummary, TrialPublic
 from service.text import printable
@@ -45,10 +43,64 @@ JobId = Annotated[int, typer.Argument(help="The job's id (from submit or list)."
 TrialNumber = Annotated[
     int, typer.Argument(help="The trial's number in the job: 1, 2, ... (as status shows).", min=1)
 ]
+M = TypeVar("M", bound=BaseModel)
 
 
 def _echo_json(value: Any) -> None:
     typer.echo(json.dumps(value, default=str))
+
+
+@dataclass(frozen=True)
+class ReadFrom:
+    """Where a reading command reads (a server, else the local database) and whether it
+    prints the answer as JSON: the options `reads` gives every reading command."""
+
+    server: str | None
+    token: str | None
+    database_url: str | None
+    json: bool
+
+    @contextmanager
+    def source(self, *, local: bool = False) -> Iterator[Source]:
+        with open_source(self.server, self.token, self.database_url, local=local) as source:
+            yield source
+
+    def answer(self, ask: Callable[[Source], Any], model: type[M]) -> M | None:
+        """What `ask` reads, as `model`; None once it is printed as the API's JSON (--json)."""
+        with self.source() as source:
+            data = ask(source)
+        if self.json:
+            _echo_json(data)
+            return None
+        return model.model_validate(data)
+
+
+# After a reading command's own parameters: --server, --token-file, --token (refused by its
+# callback), --database-url, --json.
+READ_OPTIONS = [
+    keyword("server", ReadServer),
+    keyword("token", Token),
+    keyword("argv_token", ArgvToken),
+    keyword("database_url", DatabaseUrl),
+    keyword("json_", Json, False),
+]
+
+
+def reads(func: Callable[..., None]) -> Callable[..., None]:
+    """Give a reading command the READ_OPTIONS; it takes them as one ``read: ReadFrom``."""
+
+    @functools.wraps(func)
+    def command(**options: Any) -> None:
+        del options["argv_token"]  # its callback has refused any value
+        read = ReadFrom(
+            options.pop("server"),
+            options.pop("token"),
+            options.pop("database_url"),
+            options.pop("json_"),
+        )
+        func(**options, read=read)
+
+    return set_params(command, [*own_params(func, "read"), *READ_OPTIONS])
 
 
 def _progress_line(report: JobPublic) -> str:
@@ -59,21 +111,12 @@ def _progress_line(report: JobPublic) -> str:
     )
 
 
-def status(
-    job: JobId,
-    server: ReadServer = None,
-    token: Token = None,
-    argv_token: ArgvToken = None,
-    database_url: DatabaseUrl = None,
-    json_: Json = False,
-) -> None:
+@reads
+def status(job: JobId, *, read: ReadFrom) -> None:
     """Show a job: status, progress, candidates with verdicts and, once found, the result."""
-    with open_source(server, token, database_url) as source:
-        report = source.get_job(job)
-    if json_:
-        _echo_json(report)
+    public = read.answer(lambda source: source.get_job(job), JobPublic)
+    if public is None:
         return
-    public = JobPublic.model_validate(report)
     console = Console()
     console.print(_progress_line(public))
     render_report(console, public, {})
@@ -87,6 +130,7 @@ def _result(item: JobSummary) -> str:
     return item.message.splitlines()[0] if item.message else ""
 
 
+@reads
 def list_jobs(
     status_: Annotated[
         str | None,
@@ -101,19 +145,18 @@ def list_jobs(
     ),
     limit: Annotated[int, typer.Option("--limit", min=1, max=500, help="Jobs per page.")] = 50,
     offset: Annotated[int, typer.Option("--offset", min=0, help="Jobs to skip.")] = 0,
-    server: ReadServer = None,
-    token: Token = None,
-    argv_token: ArgvToken = None,
-    database_url: DatabaseUrl = None,
-    json_: Json = False,
+    *,
+    read: ReadFrom,
 ) -> None:
     """List jobs, newest first."""
-    with open_source(server, token, database_url) as source:
-        data = source.list_jobs(status=status_, package=package, limit=limit, offset=offset)
-    if json_:
-        _echo_json(data)
+    page = read.answer(
+        lambda source: source.list_jobs(
+            status=status_, package=package, limit=limit, offset=offset
+        ),
+        JobPage,
+    )
+    if page is None:
         return
-    page = JobPage.model_validate(data)
     table = Table(title=f"jobs ({page.total} in all)", title_justify="left")
     for name in ("id", "status", "package", "range", "created", "result"):
         table.add_column(name)
@@ -145,22 +188,12 @@ def cancel(
         typer.echo(f"job {job} cancelled")
 
 
-def logs(
-    job: JobId,
-    trial: TrialNumber,
-    server: ReadServer = None,
-    token: Token = None,
-    argv_token: ArgvToken = None,
-    database_url: DatabaseUrl = None,
-    json_: Json = False,
-) -> None:
+@reads
+def logs(job: JobId, trial: TrialNumber, *, read: ReadFrom) -> None:
     """Print a trial's log tail (the end of the script's output) after a summary line."""
-    with open_source(server, token, database_url) as source:
-        data = source.get_trial(job, trial)
-    if json_:
-        _echo_json(data)
+    info = read.answer(lambda source: source.get_trial(job, trial), TrialPublic)
+    if info is None:
         return
-    info = TrialPublic.model_validate(data)
     parts = [f"attempt {info.attempt}"]
     if info.runner_id:
         parts.append(f"runner {info.runner_id}")
@@ -197,30 +230,22 @@ Local = Annotated[
 ]
 
 
-def report(
-    job: JobId,
-    markdown: Markdown = False,
-    local: Local = False,
-    database_url: DatabaseUrl = None,
-    server: ReadServer = None,
-    token: Token = None,
-    argv_token: ArgvToken = None,
-    json_: Json = False,
-) -> None:
+@reads
+def report(job: JobId, markdown: Markdown = False, local: Local = False, *, read: ReadFrom) -> None:
     """Print a job's report: the text report, --json, or --markdown to paste upstream.
 
     Exit status: 0 printed, 2 no such job or a refused request, 1 server unreachable.
     """
-    if markdown and json_:
+    if markdown and read.json:
         fail("--markdown: choose --markdown or --json, not both")
-    if local and server:
+    if local and read.server:
         fail("--local: reads the local database; drop it or --server")
-    with open_source(server, token, database_url, local=local) as source:
+    with read.source(local=local) as source:
         if markdown:
             typer.echo(source.markdown(job), nl=False)
             return
         data = source.get_job(job)
-        if json_:
+        if read.json:
             _echo_json(data)
             return
         public = JobPublic.model_validate(data)

@@ -123,10 +123,31 @@ def job_option_params(command: str) -> list[inspect.Parameter]:
     return params
 
 
-def _param(name: str, annotation: Any) -> inspect.Parameter:
+def keyword(name: str, annotation: Any, default: Any = None) -> inspect.Parameter:
+    """A keyword-only parameter of a command, as Typer reads it (the option in `annotation`)."""
     return inspect.Parameter(
-        name, inspect.Parameter.KEYWORD_ONLY, default=None, annotation=annotation
+        name, inspect.Parameter.KEYWORD_ONLY, default=default, annotation=annotation
     )
+
+
+def own_params(func: Callable[..., Any], *leave_out: str) -> list[inspect.Parameter]:
+    """`func`'s own parameters as keyword-only ones, less ``**kwargs`` and the named ones."""
+    return [
+        p.replace(kind=inspect.Parameter.KEYWORD_ONLY)
+        for p in inspect.signature(func).parameters.values()
+        if p.kind is not inspect.Parameter.VAR_KEYWORD and p.name not in leave_out
+    ]
+
+
+def set_params(func: F, params: list[inspect.Parameter]) -> F:
+    """Give a command these parameters: Typer reads its signature and its annotations."""
+    signature = inspect.signature(func)
+    func.__signature__ = signature.replace(parameters=params)  # type: ignore[attr-defined]
+    func.__annotations__ = {
+        **{p.name: p.annotation for p in params},
+        "return": signature.return_annotation,
+    }
+    return func
 
 
 def with_job_options(command: str) -> Callable[[F], F]:
@@ -138,25 +159,14 @@ def with_job_options(command: str) -> Callable[[F], F]:
     """
 
     def decorate(func: F) -> F:
-        signature = inspect.signature(func)
-        own = [
-            p.replace(kind=inspect.Parameter.KEYWORD_ONLY)
-            for p in signature.parameters.values()
-            if p.kind is not inspect.Parameter.VAR_KEYWORD
-        ]
         params = [
-            _param("script", Script),
-            _param("range_", Range),
+            keyword("script", Script),
+            keyword("range_", Range),
             *job_option_params(command),
-            _param("requirements_file", RequirementsFile),
-            *own,
+            keyword("requirements_file", RequirementsFile),
+            *own_params(func),
         ]
-        func.__signature__ = signature.replace(parameters=params)  # type: ignore[attr-defined]
-        func.__annotations__ = {
-            **{p.name: p.annotation for p in params},
-            "return": signature.return_annotation,
-        }
-        return func
+        return set_params(func, params)
 
     return decorate
 
@@ -246,5 +256,8 @@ __all__ = [
     "RequirementsFile",
     "Script",
     "job_request",
+    "keyword",
+    "own_params",
+    "set_params",
     "with_job_options",
 ]
