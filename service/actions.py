@@ -27,6 +27,7 @@ from contract.errors import Conflict, Forbidden, InvalidInput
 from engine.planner import Plan
 from service import policy, store
 from service.access import Caller
+from service.envpolicy import EnvPair
 from service.jobs import create_job
 from service.models import Job
 from service.options import JobOptions
@@ -124,7 +125,7 @@ def again_job(
     options["repeats"] = body.repeats or min(job.repeats + 1, 20)
     options["max_runs"] = max(job.max_runs, options["repeats"])
     options["reuse_verdicts"] = False
-    if job.from_env is not None:
+    if isinstance(job.env_policy, EnvPair):
         # The two environments are what was asked: no package, no range (`good` and `bad`
         # name the two files). The culprit the search found is `Job.search`, never an
         # option; a row that still holds it in `package` (written before migration 0016

@@ -16,8 +16,8 @@ from sqlmodel import Session
 from contract.executor import Executor, Kill
 from contract.wire import Sample, TrialReport, TrialSpec
 from engine.verdicts import Verdict
-from service import queue, store
-from service.models import Candidate, Job, JobStatus, Trial, TrialKind
+from service import kinds, queue, store
+from service.models import Candidate, Job, JobStatus, Trial
 from service.scheduler import advance, cancel
 from service.specs import trial_spec
 from service.trials import record_report
@@ -99,15 +99,11 @@ def _fill(
     while trials.free() and (trial := queue.claim_local(session, job)) is not None:
         candidate = session.get(Candidate, trial.candidate_id)
         assert candidate is not None
-        if trial.kind == TrialKind.RUN:
+        # A run is a trial of the display's own; any other kind says what it does.
+        if (line := kinds.handler(trial.kind).started(job, candidate, trial)) is None:
             progress.trial_started(candidate, trial)
-        elif trial.kind == TrialKind.ATTRIBUTE:
-            progress.message(f"tracing {job.target.package} {candidate.version} with {trial.trace}")
-        elif trial.kind == TrialKind.COMMITS:
-            package = job.target.package
-            progress.message(f"listing the commits of {package} up to {candidate.version}")
         else:
-            progress.message(f"resolving the pins of {job.package}=={candidate.version}")
+            progress.message(line)
         spec = trial_spec(job, candidate, trial, store.trials_of(session, job))
         trials.start(candidate, trial, _capped(spec, trials.slots, budget))
 

@@ -34,7 +34,7 @@ from contract.wire import TRACERS
 from engine import attribution, ddmin
 from engine.planner import Outcome, Transition
 from engine.releases import RangeError
-from service import reuse, specs, stages
+from service import kinds, reuse, specs, stages
 from service.index import LOCAL, PYPI_SIMPLE, FetchPolicy, IndexUnavailable, project_urls
 from service.jobs import add_candidates, releases_between
 from service.models import Candidate, Job, Trial, TrialKind, TrialStatus
@@ -325,7 +325,7 @@ def attribute_step(
     if good is None or bad is None:
         stages.finish(job, stages.ATTRIBUTE, status=StageStatus.ERROR, message=None)
         return True
-    traced = [t for t in trials if t.kind == TrialKind.ATTRIBUTE]
+    traced = kinds.traced(trials)
     if not traced and (source := reuse.find_attribution(session, job, good, bad)):
         assert source.attribution is not None  # found by it
         job.attribution = source.attribution.model_copy(update={"reused_from": source.id})

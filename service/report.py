@@ -16,8 +16,8 @@ from typing import Any
 from contract.envargs import freeze_diff, index_args
 from engine import crash
 from engine.verdicts import Verdict
-from service import stages
-from service.models import Candidate, Job, Trial, TrialKind, TrialStatus
+from service import kinds, stages
+from service.models import Candidate, Job, Trial, TrialStatus
 from service.schemas import (
     CandidateRow,
     Evidence,
@@ -41,8 +41,8 @@ def transition_line(row: TransitionRow) -> str:
 
 
 def _runs(trials: list[Trial]) -> list[Trial]:
-    """The finished runs of the script (resolve trials are not runs)."""
-    return [t for t in trials if t.status == TrialStatus.DONE and t.kind == TrialKind.RUN]
+    """The finished runs of the script (service/kinds.py: no other kind is a run)."""
+    return [t for t in kinds.runs(trials) if t.status == TrialStatus.DONE]
 
 
 def run_error(trial: Trial) -> str | None:

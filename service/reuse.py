@@ -66,8 +66,9 @@ from sqlmodel import Session, col, select
 from contract.earlystop import MIN_HORIZON_S
 from engine.analysis import ClassifierSettings
 from engine.verdicts import Verdict
+from service import kinds
 from service.envpolicy import AsReleased
-from service.models import Candidate, Job, Trial, TrialKind, TrialStatus
+from service.models import Candidate, Job, Trial, TrialStatus
 from service.specs import env_spec
 
 # Bump when the key's contents change, so old keys stop matching new ones.
@@ -193,7 +194,7 @@ def _strong(session: Session, found: list[Candidate]) -> list[Candidate]:
     ids = [c.id for c in found]
     query = select(Trial).where(
         col(Trial.candidate_id).in_(ids),
-        col(Trial.kind) == TrialKind.RUN.value,
+        kinds.JUDGED,
         col(Trial.status) == TrialStatus.DONE.value,
     )
     weak: set[int] = set()

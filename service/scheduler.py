@@ -25,8 +25,9 @@ from sqlmodel import Session, col, select
 from engine.planner import Plan, ReleaseState, plan
 from engine.pooled import PooledRun, classify_runs
 from engine.verdicts import Verdict
-from service import pins, pipeline, queue, reuse, stages
-from service.models import Candidate, Job, JobStatus, Trial, TrialKind, TrialStatus, utcnow
+from service import kinds, pins, pipeline, queue, reuse, stages
+from service.envpolicy import EnvPair
+from service.models import Candidate, Job, JobStatus, Trial, TrialStatus, utcnow
 from service.specs import longer_run_hints
 from service.state import SearchOutcome
 from service.store import add_trials, candidates_of, steps_printed, trials_of
@@ -110,7 +111,7 @@ def _skipped_bounds(session: Session, candidates: list[Candidate]) -> dict[int |
     ids = [c.id for c in bounds if c.evaluations and c.evaluations[-1] == Verdict.SKIP]
     if not ids:
         return {}
-    query = select(Trial).where(col(Trial.candidate_id).in_(ids), Trial.kind == TrialKind.RUN)
+    query = select(Trial).where(col(Trial.candidate_id).in_(ids), kinds.JUDGED)
     runs = session.exec(query.order_by(col(Trial.id))).all()
     return {t.candidate_id: why for t in runs if (why := cannot_run_why(t.analysis))}
 
@@ -147,7 +148,7 @@ def _open_evaluations(
     by_id = {c.id: c for c in candidates}
     open_trials: dict[int, list[Trial]] = defaultdict(list)
     for trial in trials:
-        if trial.status == TrialStatus.CANCELLED or trial.kind != TrialKind.RUN:
+        if trial.status == TrialStatus.CANCELLED or not kinds.judged(trial):
             continue
         if trial.evaluation > len(by_id[trial.candidate_id].evaluations):
             open_trials[trial.candidate_id].append(trial)
@@ -201,7 +202,7 @@ def _releases(
 ) -> Plan:
     """One planner step over a stage of versions (releases or commits) and its queueing."""
     # Verdict reuse keys on the job's own environment rules: only its plain releases.
-    reusable = stage == stages.RELEASES and job.from_env is None
+    reusable = stage == stages.RELEASES and not isinstance(job.env_policy, EnvPair)
     if reusable:
         reuse.ensure_keys(session, job, candidates)
         reuse.mark_contradictions(session, job, candidates)

@@ -32,8 +32,8 @@ from packaging.utils import canonicalize_name
 from contract.wire import CommitRange, EarlyStop, EnvSpec, TraceStop, TrialSpec
 from engine import attribution
 from engine.analysis import ClassifierSettings
-from service import stages
-from service.models import Candidate, Job, Trial, TrialKind, TrialStatus
+from service import kinds, stages
+from service.models import Candidate, Job, Trial, TrialStatus
 
 
 def env_spec(job: Job, candidate: Candidate, *, resolving: bool = False) -> EnvSpec:
@@ -100,9 +100,8 @@ def horizon(trials: Sequence[Trial]) -> tuple[float | None, int | None]:
     """(seconds, steps) of the longest trials that ran to their end; None: none did."""
     ended = [
         t
-        for t in trials
-        if t.kind == TrialKind.RUN
-        and t.status == TrialStatus.DONE
+        for t in kinds.runs(trials)
+        if t.status == TrialStatus.DONE
         and t.exit_code == 0
         and not t.timed_out
         and t.duration_s
@@ -134,7 +133,7 @@ def untraced(candidate: Candidate, trials: Sequence[Trial]) -> tuple[float | Non
     if seconds is None:
         seconds, steps = horizon(trials)
     if seconds is None:
-        done = [t.duration_s or 0.0 for t in trials if t.kind == TrialKind.RUN and t.duration_s]
+        done = [t.duration_s or 0.0 for t in kinds.runs(trials) if t.duration_s]
         seconds = max(done) if done else None
     return seconds, steps
 
@@ -142,13 +141,13 @@ def untraced(candidate: Candidate, trials: Sequence[Trial]) -> tuple[float | Non
 def trace_stop(job: Job, candidate: Candidate, trials: Sequence[Trial]) -> TraceStop:
     """When an attribute trial of `candidate` ends (engine/attribution.py rules 7, 8)."""
     seconds, steps = untraced(candidate, trials)
-    traced = [t for t in trials if t.kind == TrialKind.ATTRIBUTE]
-    ended = [t for t in traced if t.status in (TrialStatus.DONE, TrialStatus.CANCELLED)]
+    over = (TrialStatus.DONE, TrialStatus.CANCELLED)
+    ended = [t for t in kinds.traced(trials) if t.status in over]
     return attribution.trace_stop(
         steps=steps,
         untraced_s=seconds,
         min_growth_mib=ClassifierSettings(**job.classifier).min_growth_mib,
-        search_s=sum(t.duration_s or 0.0 for t in trials if t.kind == TrialKind.RUN),
+        search_s=sum(t.duration_s or 0.0 for t in kinds.runs(trials)),
         spent_s=sum(t.duration_s or 0.0 for t in ended),
         ended=len(ended),
     )
@@ -163,15 +162,17 @@ def look_every(seconds: float | None) -> float:
 def trial_spec(
     job: Job, candidate: Candidate, trial: Trial, trials: Sequence[Trial] = ()
 ) -> TrialSpec:
-    """What a runner is told for `trial`; `trials`: the job's trials, for the horizon."""
+    """What a runner is told for `trial`; `trials`: the job's trials, for the horizon. What
+    a kind adds (service/kinds.py): the pins' cutoff (resolve), early stop (a judged run),
+    the trace's end (a traced run), the commit range (commits)."""
     assert trial.id is not None
-    traced = trial.kind == TrialKind.ATTRIBUTE
-    stop = trace_stop(job, candidate, trials) if traced else None
+    kind = kinds.handler(trial.kind)
+    stop = trace_stop(job, candidate, trials) if kind.traced else None
     return TrialSpec(
         trial_id=trial.id,
         attempt=trial.attempt,
         kind=trial.kind,
-        env=env_spec(job, candidate, resolving=trial.kind == TrialKind.RESOLVE),
+        env=env_spec(job, candidate, resolving=kind.resolves),
         script=job.script,
         script_name=job.script_name,
         timeout_s=job.timeout_s if stop is None else attribution.hard_timeout(stop, job.timeout_s),
@@ -179,10 +180,10 @@ def trial_spec(
         sample_hz=job.sample_hz,
         requires_gpu=job.requires_gpu,
         variables={**trial.hints, **job.variables},
-        early_stop=early_stop(job, trials) if trial.kind == TrialKind.RUN else None,
+        early_stop=early_stop(job, trials) if kind.judged else None,
         trace=trial.trace,  # type: ignore[arg-type]
         trace_stop=stop,
-        commit_range=commit_range(job) if trial.kind == TrialKind.COMMITS else None,
+        commit_range=commit_range(job) if kind.lists_commits else None,
         owner=job.owner,  # builds per owner: one owner's build backend poisons no other's
     )
 

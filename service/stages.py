@@ -37,6 +37,7 @@ from sqlmodel import Session, col, func, select
 
 from engine import ddmin
 from engine.verdicts import Verdict
+from service.envpolicy import EnvPair
 from service.models import Candidate, Job
 from service.state import CULPRIT_PREFIX, Dependency, StageKind, StageRecord, StageStatus
 
@@ -47,9 +48,10 @@ MIX, RELEASES, ATTRIBUTE, COMMIT = (
 
 def order(job: Job) -> list[str]:
     """The job's stages as far as they are known now (culprits appear once found)."""
-    stages = [MIX] if job.from_env is not None else []
+    pair = isinstance(job.env_policy, EnvPair)  # a --from/--to job mixes the two first
+    stages = [MIX] if pair else []
     culprits = culprit_changes(job)
-    if job.from_env is None or any(c.old and c.new for c in culprits):
+    if not pair or any(c.old and c.new for c in culprits):
         stages.append(RELEASES)
     stages += [CULPRIT_PREFIX + c.name for c in culprits[1:] if c.old and c.new]
     found = record(job, RELEASES)

@@ -1,4 +1,8 @@
-"""Trials: how a runner's report is stored and judged (what it is told: service/specs.py)."""
+"""Trials: how a runner's report is stored and judged (what it is told: service/specs.py).
+
+`record_report` asks the trial's kind (service/kinds.py) once what its report holds: a
+judged run, a traced run, or an answer (pins, commits) from a trial that ran no script.
+"""
 
 from typing import Any
 
@@ -10,8 +14,8 @@ from contract.wire import TrialReport
 from engine import crash
 from engine.analysis import ClassifierSettings, classify_run
 from engine.verdicts import Verdict
-from service import pins
-from service.models import Candidate, Job, MemorySample, Trial, TrialKind, TrialStatus, utcnow
+from service import kinds, pins
+from service.models import Candidate, Job, MemorySample, Trial, TrialStatus, utcnow
 
 SAMPLE_FIELDS = {"t", "rss", "anon", "shared", "gpu", "step"}
 
@@ -97,38 +101,18 @@ def record_report(
     judged: Judgement | None = None,
 ) -> Verdict | None:
     """Store a runner's report with its samples and the classifier's verdict (None for a
-    resolve, an attribute or a commits trial, which have no verdict). `judged`:
-    `judge(job, report)`, computed beforehand by a caller that holds a lock now; else it
-    is computed here."""
-    if trial.kind == TrialKind.RESOLVE:
-        return _record_resolution(session, job, trial, report)
-    if trial.kind == TrialKind.COMMITS:
-        return _record_listing(session, trial, report)
-    verdict, analysis = judged or judge(job, report)
-    if trial.kind == TrialKind.ATTRIBUTE:
-        # Tracing perturbs timing: the run's memory is kept, its verdict never decides.
-        trial.profile = report.attribution
-        analysis = {"growth_mib": analysis.get("growth_mib"), "verdict": verdict.value}
-    trial.status = TrialStatus.DONE
-    trial.finished_at = utcnow()
-    trial.exit_code = report.exit_code
-    trial.oom_killed = report.oom_killed
-    trial.timed_out = report.timed_out
-    trial.cap_method = report.cap_method
-    trial.duration_s = report.duration_s
-    trial.env_seconds = report.env.seconds
-    trial.log_tail = report.log_tail
-    trial.gpu_source = report.gpu_source
-    trial.error = report.error
-
-    env = report.env
-    if trial.kind == TrialKind.ATTRIBUTE:  # its environment has the tracer added
-        trial.error = report.error or (None if env.ok else env.error)
-        trial.analysis = analysis  # its growth: what tracemalloc's stacks must explain
-        _store_samples(session, trial, report)
-        session.add(trial)
-        session.commit()
+    kind that is no judged run: service/kinds.py). `judged`: `judge(job, report)`,
+    computed beforehand by a caller that holds a lock now; else it is computed here."""
+    kind = kinds.handler(trial.kind)
+    if not kind.runs_script:
+        _record_answer(session, job, trial, report, kind)
         return None
+    verdict, analysis = judged or judge(job, report)
+    _record_ending(trial, report)
+    if kind.traced:
+        _record_traced(session, trial, report, verdict, analysis)
+        return None
+    env = report.env
     candidate.freeze = env.freeze or candidate.freeze
     candidate.resolution = env.resolution if env.ok else candidate.resolution
     candidate.resolution_note = env.resolution_note or env.error
@@ -143,6 +127,36 @@ def record_report(
     return verdict
 
 
+def _record_ending(trial: Trial, report: TrialReport) -> None:
+    """How a trial that ran the script ended, as its report says."""
+    trial.status = TrialStatus.DONE
+    trial.finished_at = utcnow()
+    trial.exit_code = report.exit_code
+    trial.oom_killed = report.oom_killed
+    trial.timed_out = report.timed_out
+    trial.cap_method = report.cap_method
+    trial.duration_s = report.duration_s
+    trial.env_seconds = report.env.seconds
+    trial.log_tail = report.log_tail
+    trial.gpu_source = report.gpu_source
+    trial.error = report.error
+
+
+def _record_traced(
+    session: Session, trial: Trial, report: TrialReport, verdict: Verdict, analysis: dict[str, Any]
+) -> None:
+    """A traced run: its profile and memory are kept, its verdict never decides (tracing
+    perturbs timing); its environment has the tracer added, so it is not the candidate's."""
+    env = report.env
+    trial.profile = report.attribution
+    trial.error = report.error or (None if env.ok else env.error)
+    # Its growth: what tracemalloc's stacks must explain.
+    trial.analysis = {"growth_mib": analysis.get("growth_mib"), "verdict": verdict.value}
+    _store_samples(session, trial, report)
+    session.add(trial)
+    session.commit()
+
+
 def _store_samples(session: Session, trial: Trial, report: TrialReport) -> None:
     if report.samples:
         # One executemany, not an ORM object per sample: a trial uploads thousands.
@@ -152,24 +166,20 @@ def _store_samples(session: Session, trial: Trial, report: TrialReport) -> None:
         session.execute(insert(MemorySample), rows)
 
 
-def _record_resolution(session: Session, job: Job, trial: Trial, report: TrialReport) -> None:
-    """A resolve trial: the job's pins (or why there are none); no samples, no verdict."""
+def _record_answer(
+    session: Session, job: Job, trial: Trial, report: TrialReport, kind: kinds.Kind
+) -> None:
+    """A trial that ran no script: what it answered (the job's pins, or the commits the
+    commit stage reads), or why it could not; no samples, no verdict."""
     trial.status = TrialStatus.DONE
     trial.finished_at = utcnow()
     trial.env_seconds = report.env.seconds
     trial.error = None if report.env.ok else report.env.error
-    pins.record(job, report)
-    session.add_all([trial, job])
-    session.commit()
-
-
-def _record_listing(session: Session, trial: Trial, report: TrialReport) -> None:
-    """A commits trial: the commits it listed (or why none); the commit stage reads them."""
-    trial.status = TrialStatus.DONE
-    trial.finished_at = utcnow()
-    trial.env_seconds = report.env.seconds
-    trial.error = None if report.env.ok else report.env.error
-    trial.commits = None if report.commits is None else [c.model_dump() for c in report.commits]
+    if kind.resolves:
+        pins.record(job, report)
+        session.add(job)
+    if kind.lists_commits:
+        trial.commits = None if report.commits is None else [c.model_dump() for c in report.commits]
     session.add(trial)
     session.commit()
 

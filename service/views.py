@@ -16,17 +16,16 @@ database. Rules:
 from sqlalchemy import case, func
 from sqlmodel import Session, col, select
 
-from service import stages, store
+from service import kinds, stages, store
 from service.access import Caller
 from service.markdown import markdown_report
-from service.models import Candidate, Job, Trial, TrialKind, TrialStatus
+from service.models import Candidate, Job, Trial, TrialStatus
 from service.report import build_report, with_progress
 from service.schemas import JobPublic, JobSummary, Progress, Report, RunningTrial, TrialPublic
 from service.state import dump
 
-# What progress counts: the job's releases, and its runs of the script.
+# What progress counts: the job's releases, and its runs of the script (kinds.JUDGED).
 _RELEASES = col(Candidate.stage) == stages.RELEASES
-_RUNS = col(Trial.kind) == TrialKind.RUN.value
 
 
 def readable_job(session: Session, job_id: int, caller: Caller) -> Job:
@@ -62,7 +61,7 @@ def progress_of(session: Session, ids: list[int]) -> dict[int, Progress]:
         out[job_id].judged, out[job_id].candidates = int(j or 0), int(n)
     runs = session.exec(
         select(Trial.job_id, Trial.status, func.count())
-        .where(col(Trial.job_id).in_(ids), _RUNS)
+        .where(col(Trial.job_id).in_(ids), kinds.JUDGED)
         .group_by(col(Trial.job_id), col(Trial.status))
     )
     field = {
@@ -82,7 +81,7 @@ def running_trials(session: Session, job: Job) -> list[RunningTrial]:
     rows = session.exec(
         select(Trial, Candidate.version)
         .join(Candidate, col(Candidate.id) == col(Trial.candidate_id))
-        .where(Trial.job_id == job.id, _RUNS, col(Trial.status) == TrialStatus.LEASED.value)
+        .where(Trial.job_id == job.id, kinds.JUDGED, col(Trial.status) == TrialStatus.LEASED.value)
         .order_by(col(Trial.id))
     )
     return [

@@ -15,7 +15,8 @@ from sqlmodel import col, select
 
 from contract.envargs import freeze_diff
 from contract.series import downsample
-from service.models import Candidate, Job, MemorySample, Trial, TrialKind, TrialStatus
+from service import kinds
+from service.models import Candidate, Job, MemorySample, Trial, TrialStatus
 from service.schemas import JobPublic
 from service.text import printable
 
@@ -70,7 +71,7 @@ def trial_states(trials: list[Trial]) -> dict[int, str]:
     """Per candidate id: 'running' when a run trial is leased, 'queued' when one waits."""
     out: dict[int, str] = {}
     for t in trials:
-        if t.kind != TrialKind.RUN:
+        if not kinds.judged(t):
             continue
         if t.status == TrialStatus.LEASED:
             out[t.candidate_id] = "running"
@@ -182,7 +183,7 @@ def _scale(points: list[dict[str, Any]], n: int, judged: int) -> dict[str, Any]:
 def trial_rows(trials: list[Trial], candidate: Candidate | None) -> list[Trial]:
     if candidate is None:
         return []
-    return [t for t in trials if t.candidate_id == candidate.id and t.kind == TrialKind.RUN]
+    return [t for t in trials if t.candidate_id == candidate.id and kinds.judged(t)]
 
 
 def freeze_changes(

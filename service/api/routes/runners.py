@@ -35,9 +35,9 @@ from contract.wire import (
     RunnerRegistered,
     TrialReport,
 )
-from service import actions, queue, store
+from service import actions, kinds, queue, store
 from service.http.deps import EngineDep, RunnerAuth, SessionDep, SettingsDep
-from service.models import Candidate, Job, Runner, TrialKind
+from service.models import Candidate, Job, Runner
 from service.schemas import CompleteAck, ReturnAck
 from service.settings import Settings
 from service.specs import trial_spec
@@ -215,7 +215,7 @@ def complete(
     )
     job = session.get(Job, trial.job_id)
     assert job is not None
-    judged = judge(job, report) if trial.kind == TrialKind.RUN else None
+    judged = judge(job, report) if kinds.judged(trial) else None
     session.rollback()  # no transaction (and on SQLite no read snapshot) held while judging
     trial = queue.lock_for_report(session, trial_id, report.runner_id, report.attempt)
     job = session.get(Job, trial.job_id)
