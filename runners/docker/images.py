@@ -3,8 +3,9 @@
     uv run python -m runners.docker.images [--base TAG] [--only runner|api] [--force]
 
 The build context is the project (pyproject.toml, uv.lock, README.md, contract/, engine/,
-runners/, service/, migrations/, dockerfiles/) plus, when ``SSL_CERT_FILE`` names a file, that CA bundle as
-``dockerfiles/ca/ca-bundle.pem``, so uv inside the build trusts the same proxy the host does.
+runners/, service/, migrations/, dockerfiles/) plus, when ``SSL_CERT_FILE`` names a file,
+that CA bundle as ``dockerfiles/ca/ca-bundle.pem``, so uv inside the build trusts the same
+proxy the host does.
 Builds use the host network (``network_mode="host"``): never a bridge network. The base is
 ``--base`` (default ``leakbisect-base:bookworm``, built offline by
 ``dockerfiles/build-base.sh``); uv is the version uv.lock pins. An image that exists is
