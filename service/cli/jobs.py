@@ -27,7 +27,7 @@ from service.cli.errors import fail
 from service.cli.options import DatabaseUrl, Json, keyword, own_params, set_params
 from service.cli.remote import DEFAULT_SERVER, ArgvToken, Server, Token, api_errors, make_client
 from service.cli.source import LocalSource, Source, open_source
-from service.schemas import JobPage, JobPublic, JobSummary, TrialPublic
+from service.schemas import JobPublic, JobSummary
 from service.text import printable
 
 ReadServer = Annotated[
@@ -65,14 +65,15 @@ class ReadFrom:
         with open_source(self.server, self.token, self.database_url, local=local) as source:
             yield source
 
-    def answer(self, ask: Callable[[Source], Any], model: type[M]) -> M | None:
-        """What `ask` reads, as `model`; None once it is printed as the API's JSON (--json)."""
+    def answer(self, ask: Callable[[Source], M]) -> M | None:
+        """What `ask` reads (one of the API's models); None once it is printed as the API's
+        JSON (--json)."""
         with self.source() as source:
-            data = ask(source)
+            answer = ask(source)
         if self.json:
-            _echo_json(data)
+            _echo_json(answer.model_dump(mode="json"))
             return None
-        return model.model_validate(data)
+        return answer
 
 
 # After a reading command's own parameters: --server, --token-file, --token (refused by its
@@ -114,7 +115,7 @@ def _progress_line(report: JobPublic) -> str:
 @reads
 def status(job: JobId, *, read: ReadFrom) -> None:
     """Show a job: status, progress, candidates with verdicts and, once found, the result."""
-    public = read.answer(lambda source: source.get_job(job), JobPublic)
+    public = read.answer(lambda source: source.get_job(job))
     if public is None:
         return
     console = Console()
@@ -150,10 +151,7 @@ def list_jobs(
 ) -> None:
     """List jobs, newest first."""
     page = read.answer(
-        lambda source: source.list_jobs(
-            status=status_, package=package, limit=limit, offset=offset
-        ),
-        JobPage,
+        lambda source: source.list_jobs(status=status_, package=package, limit=limit, offset=offset)
     )
     if page is None:
         return
@@ -191,7 +189,7 @@ def cancel(
 @reads
 def logs(job: JobId, trial: TrialNumber, *, read: ReadFrom) -> None:
     """Print a trial's log tail (the end of the script's output) after a summary line."""
-    info = read.answer(lambda source: source.get_trial(job, trial), TrialPublic)
+    info = read.answer(lambda source: source.get_trial(job, trial))
     if info is None:
         return
     parts = [f"attempt {info.attempt}"]
@@ -244,11 +242,10 @@ def report(job: JobId, markdown: Markdown = False, local: Local = False, *, read
         if markdown:
             typer.echo(source.markdown(job), nl=False)
             return
-        data = source.get_job(job)
+        public = source.get_job(job)
         if read.json:
-            _echo_json(data)
+            _echo_json(public.model_dump(mode="json"))
             return
-        public = JobPublic.model_validate(data)
         curves = curves_of(source, public)
     render_report(Console(), public, curves)
 

@@ -3,8 +3,9 @@
 A command asks a server when `--server` is given or `BISECT_SERVER` is set; otherwise it
 reads the results database that `bisect-cli run` writes (`--database-url`, else
 `BISECT_DATABASE_URL`, else the per-user SQLite file). Both sources answer in the API's
-JSON shapes, built by the same functions (service/views.py, which the API calls too), so
-every command prints one way whichever it is.
+models (service/schemas.py): the local one builds them with the functions the API calls
+(service/views.py), the remote one reads the server's answer into them once, so every
+command prints one way whichever it is.
 """
 
 import os
@@ -20,15 +21,16 @@ from service import store
 from service.cli.db import results_database, shown
 from service.cli.errors import fail, fail_with
 from service.cli.remote import DEFAULT_SERVER, api_errors, make_client
+from service.schemas import JobPage, JobPublic, TrialPublic
 from service.views import job_markdown, job_public, job_summary, trial_public
 
 
 class Source(Protocol):
-    def get_job(self, job_id: int) -> dict[str, Any]: ...
+    def get_job(self, job_id: int) -> JobPublic: ...
     def list_jobs(
         self, *, status: str | None, package: str | None, limit: int, offset: int
-    ) -> dict[str, Any]: ...
-    def get_trial(self, job_id: int, number: int) -> dict[str, Any]: ...
+    ) -> JobPage: ...
+    def get_trial(self, job_id: int, number: int) -> TrialPublic: ...
     def markdown(self, job_id: int) -> str: ...
 
 
@@ -59,16 +61,17 @@ class RemoteSource:
     def __init__(self, client: Any) -> None:
         self.client = client
 
-    def get_job(self, job_id: int) -> dict[str, Any]:
-        return self.client.get_job(job_id)
+    def get_job(self, job_id: int) -> JobPublic:
+        return JobPublic.model_validate(self.client.get_job(job_id))
 
     def list_jobs(
         self, *, status: str | None, package: str | None, limit: int, offset: int
-    ) -> dict[str, Any]:
-        return self.client.list_jobs(status=status, package=package, limit=limit, offset=offset)
+    ) -> JobPage:
+        page = self.client.list_jobs(status=status, package=package, limit=limit, offset=offset)
+        return JobPage.model_validate(page)
 
-    def get_trial(self, job_id: int, number: int) -> dict[str, Any]:
-        return self.client.get_job_trial(job_id, number)
+    def get_trial(self, job_id: int, number: int) -> TrialPublic:
+        return TrialPublic.model_validate(self.client.get_job_trial(job_id, number))
 
     def markdown(self, job_id: int) -> str:
         return self.client.request("GET", f"/jobs/{job_id}/report.md").text
@@ -94,23 +97,22 @@ class LocalSource:
             first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
             fail(f"--database-url: cannot read {shown(url)}: {first}")
 
-    def get_job(self, job_id: int) -> dict[str, Any]:
-        return job_public(self.session, store.job(self.session, job_id)).wire()
+    def get_job(self, job_id: int) -> JobPublic:
+        return job_public(self.session, store.job(self.session, job_id))
 
     def list_jobs(
         self, *, status: str | None, package: str | None, limit: int, offset: int
-    ) -> dict[str, Any]:
+    ) -> JobPage:
         jobs, total = store.jobs_page(
             self.session, status=status, package=package, owner=None, limit=limit, offset=offset
         )
-        items = [job_summary(job, None).model_dump(mode="json") for job in jobs]
-        return {"items": items, "total": total, "limit": limit, "offset": offset}
+        items = [job_summary(job, None) for job in jobs]
+        return JobPage(items=items, total=total, limit=limit, offset=offset)
 
-    def get_trial(self, job_id: int, number: int) -> dict[str, Any]:
+    def get_trial(self, job_id: int, number: int) -> TrialPublic:
         job = store.job(self.session, job_id)
         assert job.id is not None
-        trial = trial_public(self.session, store.trial_by_number(self.session, job.id, number))
-        return trial.model_dump(mode="json")
+        return trial_public(self.session, store.trial_by_number(self.session, job.id, number))
 
     def markdown(self, job_id: int) -> str:
         return job_markdown(self.session, store.job(self.session, job_id))
