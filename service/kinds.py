@@ -101,6 +101,12 @@ def runs(trials: Iterable[Trial]) -> list[Trial]:
     return [t for t in trials if judged(t)]
 
 
+def of(kind: TrialKind, trials: Iterable[Trial]) -> list[Trial]:
+    """The trials of `kind` among `trials`, in their order (a stage reading back the
+    trials it queued)."""
+    return [t for t in trials if t.kind == kind]
+
+
 def traced(trials: Iterable[Trial]) -> list[Trial]:
     """The trials among `trials` that ran the script under the tracer, in their order."""
     return [t for t in trials if handler(t.kind).traced]

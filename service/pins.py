@@ -29,7 +29,7 @@ from typing import Any
 from sqlmodel import Session, col, select
 
 from contract.wire import TrialReport
-from service import store
+from service import kinds, store
 from service.envpolicy import AsReleased, BaseEnv, EnvPair, EnvPolicy, ResolvedAt
 from service.models import Candidate, Job, PinState, Trial, TrialKind, TrialStatus
 from service.specs import env_spec
@@ -54,7 +54,7 @@ def pending(session: Session, job: Job, trials: list[Trial]) -> bool:
         return False
     if _reuse(session, job):
         return False
-    resolving = [t for t in trials if t.kind == TrialKind.RESOLVE]
+    resolving = kinds.of(TrialKind.RESOLVE, trials)
     live = [t for t in resolving if t.status in (TrialStatus.QUEUED, TrialStatus.LEASED)]
     if live:
         return True

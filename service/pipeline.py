@@ -38,6 +38,7 @@ from service import kinds, reuse, specs, stages
 from service.index import LOCAL, PYPI_SIMPLE, FetchPolicy, IndexUnavailable, project_urls
 from service.jobs import add_candidates, releases_between
 from service.models import Candidate, Job, Trial, TrialKind, TrialStatus
+from service.policy import fetch_policy
 from service.settings import get_settings
 from service.state import (
     Attribution,
@@ -58,8 +59,6 @@ ENDED = (TrialStatus.DONE, TrialStatus.CANCELLED)
 def _fetch(job: Job) -> FetchPolicy:
     if job.local:
         return LOCAL
-    from service.policy import fetch_policy  # the service's rules for reading indexes
-
     return fetch_policy(get_settings())
 
 
@@ -170,7 +169,7 @@ def start(session: Session, job: Job, stage: str, trials: list[Trial]) -> list[C
 def _start_commits(session: Session, job: Job, trials: list[Trial]) -> list[Candidate] | None:
     """The boundary's commits as candidates, once a runner has listed them (the server
     never runs git: it clones a repository the job names)."""
-    listing = [t for t in trials if t.kind == TrialKind.COMMITS]
+    listing = kinds.of(TrialKind.COMMITS, trials)
     if not listing:
         return _queue_listing(session, job)
     trial = listing[-1]

@@ -18,5 +18,6 @@ def test_the_python_and_sql_filters_agree() -> None:
     trials = [Trial(job_id=1, candidate_id=1, kind=k, number=n) for n, k in enumerate(TrialKind)]
     assert [t.kind for t in kinds.runs(trials)] == [TrialKind.RUN]
     assert [t.kind for t in kinds.traced(trials)] == [TrialKind.ATTRIBUTE]
+    assert [t.kind for t in kinds.of(TrialKind.COMMITS, trials)] == [TrialKind.COMMITS]
     sql = str(kinds.JUDGED.compile(compile_kwargs={"literal_binds": True}))
     assert sql == "trial.kind IN ('run')"
