@@ -138,3 +138,10 @@ def trial_public(session: Session, trial: Trial) -> TrialPublic:
     candidate = session.get(Candidate, trial.candidate_id)
     assert candidate is not None and trial.id is not None
     return TrialPublic(**trial.model_dump(exclude={"id"}), id=trial.id, version=candidate.version)
+
+
+def evidence_curves(session: Session, report: Report) -> dict[int, list[float]]:
+    """RSS series of the report's evidence trials (by trial number), for its sparklines."""
+    runs = [run for item in report.evidence for run in item.runs]
+    samples = store.samples_of(session, [run.trial_id for run in runs])
+    return {run.trial: [float(s.rss) for s in samples[run.trial_id]] for run in runs}

@@ -29,6 +29,7 @@ from service.cli.remote import DEFAULT_SERVER, ArgvToken, Server, Token, api_err
 from service.cli.source import LocalSource, Source, open_source
 from service.schemas import JobPublic, JobSummary
 from service.text import printable
+from service.views import evidence_curves
 
 ReadServer = Annotated[
     str | None,
@@ -255,6 +256,4 @@ def curves_of(source: Source, report: JobPublic) -> dict[int, list[float]]:
     are a request per run away, and the page draws them better)."""
     if not isinstance(source, LocalSource):
         return {}
-    from service.cli.run import curves_for
-
-    return curves_for(source.session, report)
+    return evidence_curves(source.session, report)

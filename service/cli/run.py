@@ -32,6 +32,7 @@ from service.models import Job
 from service.report import build_report
 from service.schemas import JobCreate, Report
 from service.settings import Settings, get_settings
+from service.views import evidence_curves
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "example"
 EXAMPLE_PACKAGE, EXAMPLE_RANGE = "leakyfixture", "1.0.0..1.0.9"
@@ -65,13 +66,6 @@ def print_report(report: Report, curves: dict[int, list[float]], json_: bool) ->
     else:
         render_report(Console(), report, curves)
     raise typer.Exit(outcome_status(report.status))
-
-
-def curves_for(session: Session, report: Report) -> dict[int, list[float]]:
-    """RSS series of the evidence trials, for the report's sparklines."""
-    runs = [run for item in report.evidence for run in item.runs]
-    samples = store.samples_of(session, [run.trial_id for run in runs])
-    return {run.trial: [float(s.rss) for s in samples[run.trial_id]] for run in runs}
 
 
 def _serve_example(stack: ExitStack, settings: Settings, quiet: bool) -> str:
@@ -172,7 +166,7 @@ def run(
             _bisect(session, job, executor, jobs)
             candidates, trials = store.candidates_of(session, job), store.trials_of(session, job)
             report = build_report(job, candidates, trials)
-            curves = {} if json_ else curves_for(session, report)
+            curves = {} if json_ else evidence_curves(session, report)
     print_report(report, curves, json_)
 
 

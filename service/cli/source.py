@@ -21,6 +21,7 @@ from service import store
 from service.cli.db import results_database, shown
 from service.cli.errors import fail, fail_with
 from service.cli.remote import DEFAULT_SERVER, api_errors, make_client
+from service.db import get_engine
 from service.schemas import JobPage, JobPublic, TrialPublic
 from service.views import job_markdown, job_public, job_summary, trial_public
 
@@ -86,8 +87,6 @@ class LocalSource:
     @classmethod
     @contextmanager
     def open(cls, url: str) -> Iterator["LocalSource"]:
-        from service.db import get_engine
-
         try:
             with Session(get_engine(url)) as session:
                 yield cls(session, url)
