@@ -121,7 +121,7 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 @pytest.fixture(scope="module", autouse=True)
 def _containers_alone(request: pytest.FixtureRequest) -> Iterator[None]:
-    """Under pytest-xdist (pyproject's addopts: two workers, `--dist loadfile`, so a module's
+    """Under pytest-xdist (pyproject's addopts: three workers, `--dist loadfile`, so a module's
     tests and its module-scoped fixtures stay on one worker) the modules that start
     containers take turns: an inter-process lock held for the whole module."""
     if request.module.__name__.rsplit(".", 1)[-1] not in DOCKER_MODULES:
