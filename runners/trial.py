@@ -33,7 +33,7 @@ from contract.wire import MAX_REPORT_SAMPLES, EnvResult, Sample, TrialReport, Tr
 from runners import tracing
 from runners.envs import prepare_dirs
 from runners.executor import run_script
-from runners.kinds import Dirs, Ready, handler
+from runners.kinds import Dirs, handler
 from runners.nvml import GpuProbe
 from runners.sandbox import allowed_env, private_dir
 from runners.users import lease_trial_user
@@ -95,7 +95,7 @@ def execute_trial(
     if isinstance(ready, TrialReport):
         return ready
     try:
-        run, profile = _run(spec, ready, gpu, on_sample, on_start)
+        run, profile = _run(spec, ready.python, gpu, on_sample, on_start)
     except InvalidInput as exc:  # a BISECT_* variable: nothing ran
         return TrialReport(
             trial_id=spec.trial_id, attempt=spec.attempt, env=ready.env, error=exc.detail()
@@ -105,18 +105,18 @@ def execute_trial(
 
 def _run(
     spec: TrialSpec,
-    ready: Ready,
+    python: str,
     gpu: GpuProbe | None,
     on_sample: Callable[[Sample], None] | None,
     on_start: Callable[[Kill], None] | None,
 ) -> tuple[Execution, dict | None]:
-    """The script in a private working directory with its own HOME and TMPDIR; with
-    `ready.tracer`, under the tracer, and the profile it wrote.
+    """The script in a private working directory with its own HOME and TMPDIR; under the
+    tracer its kind runs it with (`runners.kinds`), if any, and the profile it wrote.
 
     The script (and the tracer's helper) are written while the directory is root's; the
     trial user gets it only then (`private_dir`), so no one can plant a link at their
     names first, and root reads the profile back only through `runners.safefs`."""
-    name, tracer = script_name(spec), ready.tracer
+    name, tracer = script_name(spec), handler(spec.kind).tracer(spec)
     files = {name: spec.script.encode()}
     if tracer:
         files[tracing.HELPER_NAME] = tracing.helper_source().encode()
@@ -131,7 +131,7 @@ def _run(
             args = tracing.helper_args(tracer, work / tracing.PROFILE_NAME, script,
                                        tracing.stop_args(spec.trace_stop))  # fmt: skip
         run = run_script(
-            ready.python,
+            python,
             command,
             args=args,
             name=script.stem,

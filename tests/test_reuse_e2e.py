@@ -131,7 +131,7 @@ def views(db: Path, job: int) -> tuple[dict[str, Any], str, str]:
     """What `bisect-cli report JOB --local` prints with --json, alone and with --markdown,
     from the same source and renderers, in this process."""
     with LocalSource.open(f"sqlite:///{db}") as source:
-        data, markdown = source.get_job(job), source.markdown(job)
+        data, markdown = source.get_job(job).model_dump(mode="json"), source.markdown(job)
     out = io.StringIO()
     render_report(Console(file=out, width=200, no_color=True), Report.model_validate(data), {})
     return data, out.getvalue(), markdown
