@@ -107,41 +107,7 @@ PG_ADMIN_URL = os.environ.get(
 # the whole engine, so they never run beside each other (`_containers_alone`).
 DOCKER_MODULES = {"test_docker_executor", "test_docker_compose", "test_docker_gpu"}
 
-# The longest modules first, longest to shortest (pytest --durations, summed per module):
-# xdist's loadfile scheduler hands out whole modules in collection order, so these start at
-# once and the short modules fill in around them, instead of one worker running a long module
-# alone at the end. The container modules take turns (`_containers_alone`), so they are spread
-# out rather than started together. A module not named here keeps its place after these.
-SLOW_FIRST = (
-    "test_bench",
-    "test_docker_executor",
-    "test_stages_e2e",
-    "test_neighbours_e2e",
-    "test_cli_service",
-    "test_run_e2e",
-    "test_transitions_e2e",
-    "test_gpu_check",
-    "test_attribute_e2e",
-    "test_docker_compose",
-    "test_web_browser",
-    "test_gpu_e2e",
-    "test_web",
-    "test_shapes",
-    "test_reuse_e2e",
-    "test_resolution",
-    "test_baseenv",
-    "test_api_hostile",
-    "test_api",
-)
-
-
-def _module_rank(item: pytest.Item) -> int:
-    name = item.module.__name__.rsplit(".", 1)[-1] if item.module else ""
-    return SLOW_FIRST.index(name) if name in SLOW_FIRST else len(SLOW_FIRST)
-
-
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    items.sort(key=_module_rank)  # stable: each module's own order is kept
     for item in items:
         # One source for the `postgres` marker:
         # every test that uses a Postgres database, directly or as the "postgres" parameter
