@@ -42,3 +42,37 @@ def host_pid(ns: str, pid: int) -> int | None:
         except (OSError, IndexError):
             continue
     return None
+
+
+def members(ns: str) -> dict[int, float]:
+    """Every live, non-zombie process of PID namespace `ns`: host pid -> start time (ticks
+    since boot). The kernel reuses a dead namespace's inode for a new one, so a process
+    found under the same `ns` later may be another trial's; the start time tells them apart."""
+    found = {}
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            if os.readlink(f"/proc/{name}/ns/pid") != ns:
+                continue
+            with open(f"/proc/{name}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+            if fields[0] != "Z":
+                found[int(name)] = float(fields[19])  # starttime: field 22 of stat
+        except (OSError, IndexError):
+            continue
+    return found
+
+
+def still_running(before: dict[int, float]) -> list[int]:
+    """The processes of `before` (from `members`) that still run: same pid, same start."""
+    now: list[int] = []
+    for pid, started in before.items():
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if fields[0] != "Z" and float(fields[19]) == started:
+            now.append(pid)
+    return now

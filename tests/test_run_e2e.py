@@ -14,7 +14,7 @@ import psutil
 import pytest
 from packaging.version import Version
 
-from tests.nsutil import NS_PID_EXPR, host_pid
+from tests.nsutil import NS_PID_EXPR, host_pid, members, still_running
 
 EXAMPLE_REPRO = Path(__file__).resolve().parents[1] / "service" / "example" / "repro.py"
 CLI = [sys.executable, "-m", "service.cli"]
@@ -271,6 +271,8 @@ def test_interrupt_cancels_the_job_and_kills_the_trial(
     ns, pid = pidfile.read_text().split()
     child = host_pid(ns, int(pid))
     assert child is not None, "the trial's script is not running"
+    trial = members(ns)  # its init and its script, as the interrupt finds them
+    assert child in trial
     proc.send_signal(signal.SIGINT)
     try:
         _, stderr = proc.communicate(timeout=30)
@@ -286,7 +288,7 @@ def test_interrupt_cancels_the_job_and_kills_the_trial(
     ]
     trials = "select kind, status from trial order by id"
     assert con.execute(trials).fetchall() == [("resolve", "done"), ("run", "cancelled")]
-    assert host_pid(ns, int(pid)) is None
+    assert still_running(trial) == []
     assert not psutil.pid_exists(child) or psutil.Process(child).status() == psutil.STATUS_ZOMBIE
 
 
