@@ -77,6 +77,22 @@ def visited(db: Path) -> list[tuple[str, str]]:
         ).fetchall()
 
 
+def settled(ran: list[tuple[str, str]]) -> list[tuple[str, str]]:
+    """`ran` without its inconclusive evaluations, each checked to be run again later.
+
+    With two trials at a time in one process, a busy moment in the other trial's thread
+    can hold the sampler off for 0.1-0.2 s (seen on a loaded machine: a gap in the last
+    block of a 2 s repro left 5 of 6 blocks usable); the classifier then honestly says
+    inconclusive and the planner runs that release again (engine/analysis.py `aggregate`,
+    `needs_more`). What the search visits is otherwise exact.
+    """
+    for i, (version, verdict) in enumerate(ran):
+        if verdict == "inconclusive":
+            again = [v for v, w in ran[i + 1 :] if v == version and w != "inconclusive"]
+            assert again, f"{version} was inconclusive and never run again: {ran}"
+    return [(v, w) for v, w in ran if w != "inconclusive"]
+
+
 def bisect(home: Path, uv_cache: Path, range_: str, index: str, script: Path, *extra: str):
     db = home / "results.db"
     args = run_args(range_, index, db, "--no-attribute", *extra, script=script)
@@ -197,7 +213,7 @@ def test_all_transitions_maps_the_range_around_a_release_it_cannot_run(
     verdict = {"1.0.1": "skip"} | dict.fromkeys(leaking, "leak")
     twice = ["1.0.2", "1.0.3", "1.0.4", "1.0.5", "1.0.6", "1.0.7"]
     expected = [(v, verdict.get(v, "clean")) for v in [f"1.0.{i}" for i in range(10)] + twice]
-    ran = visited(db)
+    ran = settled(visited(db))
     assert sorted(ran) == sorted(expected)
     assert ran[:2] == [("1.0.0", "clean"), ("1.0.9", "leak")]  # the bounds first
     assert (report["status"], report["last_good"], report["first_bad"]) == (
