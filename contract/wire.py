@@ -3,14 +3,29 @@
 A runner receives a `TrialSpec`, builds the environment, runs the script
 under the sampler and answers with a `TrialReport`. Nothing here touches a
 database, so runners can import it without the service's storage.
+
+Rules for what a runner sends (registration, heartbeat, report, return), in code order:
+
+1. Every model here is a `Wire` model: no float may be NaN or infinite.
+2. Every integer is within 64 bits and within its meaning (a count or a size is not
+   negative, an exit status is -255..255, an attempt fits its column): the `MAX_*`
+   constants below say each bound once and why.
+3. Every text and list has a length cap; free-form JSON (a profile, a GPU's description)
+   is `bounded_json`: finite numbers, 64-bit integers, a nesting and a size limit.
+
+So a runner that sends garbage is refused (the API answers 422 naming the field) before
+anything is stored, and nothing it sends can make a later request fail.
 """
 
+import json
 import math
 from datetime import datetime
 from enum import StrEnum
-from typing import Any, Literal, Self, get_args
+from typing import Annotated, Any, Literal, Self, get_args
 
-from pydantic import BaseModel, Field, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
+
+from contract.outbound import Reach
 
 # Every endpoint of the API is under this path (docs/api.md).
 API_PREFIX = "/api/v1"
@@ -23,6 +38,89 @@ IDEMPOTENCY_HEADER = "Idempotency-Key"
 MAX_REPORT_SAMPLES = 20_000
 # Bytes no single sample can exceed (1 PiB): anything larger is a broken or forged report.
 MAX_SAMPLE_BYTES = 1 << 50
+
+# ---- bounds on what a runner sends (rules 2 and 3); each far above any honest value.
+# The largest 64-bit signed integer: what a BIGINT column (ids, sizes) can hold.
+INT64_MAX = (1 << 63) - 1
+# A lease's attempt number: Trial.attempt is a 32-bit INTEGER column on Postgres.
+MAX_ATTEMPT = (1 << 31) - 1
+# An exit status: 0..255 from exit(), -1..-255 for a signal (Python's returncode).
+MAX_EXIT_CODE = 255
+# A step marker's number or a count of samples: 2^62 leaves sums of a few within 64 bits.
+MAX_STEP = 1 << 62
+# Seconds a trial or its build can last: a job's timeout is at most 7 days (service
+# options), its build is bounded too; 30 days is a broken clock or a forgery. Finite
+# bounds also keep 2 x duration (the next run's hint, service/specs.py) finite.
+MAX_SECONDS = 30 * 24 * 3600.0
+# An error message, a resolution note: a few lines of uv's stderr (runners/uvrun.py keeps
+# its last 20); an 8 MB error once made a 16.8 MB job page.
+MAX_ERROR = 16 * 1024
+# One requirement or `name==version` pin (the same cap as a job's requirements).
+MAX_LINE = 2000
+# Pins or frozen packages of one environment (the resolve report's cap).
+MAX_PINS = 5000
+# A file path on the runner (Linux PATH_MAX).
+MAX_PATH = 4096
+# A name or id: a runner's name and id, a label, a GPU driver or CUDA version.
+MAX_NAME = 200
+# A one-word code: cap_method, gpu_source, resolution.
+MAX_WORD = 40
+# Free-form JSON (`bounded_json`): an attribution profile is at most 60 stacks of 100
+# frames (runners/tracehelper.py MAX_STACKS, MEMRAY_FRAMES) and 24 sizes each, about
+# 2 MB of JSON with long native names; its nesting is 5 deep.
+MAX_PROFILE_BYTES = 4 * 1024 * 1024
+MAX_JSON_DEPTH = 32
+# A GPU's description at registration (name, memory, uuid), and GPUs per runner.
+MAX_GPU_BYTES = 4096
+MAX_GPUS = 64
+
+
+def _bounded(value: Any, max_bytes: int) -> Any:
+    """`value` (parsed JSON) if it is finite, within 64 bits, `MAX_JSON_DEPTH` deep and
+    `max_bytes` long as JSON; else ValueError naming the first fault (iterative: a deep
+    value never costs a recursion)."""
+    stack: list[tuple[Any, int]] = [(value, 0)]
+    while stack:
+        node, depth = stack.pop()
+        if depth > MAX_JSON_DEPTH:
+            raise ValueError(f"nested deeper than {MAX_JSON_DEPTH} levels")
+        if isinstance(node, float) and not math.isfinite(node):
+            raise ValueError("not a finite number (NaN or Infinity)")
+        if isinstance(node, int) and not -INT64_MAX - 1 <= node <= INT64_MAX:
+            raise ValueError("an integer outside 64 bits")
+        if isinstance(node, dict):
+            stack.extend((v, depth + 1) for v in node.values())
+        elif isinstance(node, list | tuple):
+            stack.extend((v, depth + 1) for v in node)
+    if len(json.dumps(value)) > max_bytes:
+        raise ValueError(f"larger than {max_bytes} bytes of JSON")
+    return value
+
+
+def bounded_json(max_bytes: int) -> AfterValidator:
+    """The validator of a free-form JSON field (rule 3), `max_bytes` long at most."""
+    return AfterValidator(lambda value: _bounded(value, max_bytes))
+
+
+def _short_labels(labels: dict[str, str]) -> dict[str, str]:
+    if any(len(k) > MAX_NAME or len(v) > MAX_NAME for k, v in labels.items()):
+        raise ValueError(f"a key or value is longer than {MAX_NAME} characters")
+    return labels
+
+
+# A line of a list (a pin, a frozen package), a short code, a name (rule 3).
+Line = Annotated[str, Field(max_length=MAX_LINE)]
+Name = Annotated[str, Field(max_length=MAX_NAME)]
+Word = Annotated[str, Field(max_length=MAX_WORD)]
+Seconds = Annotated[float, Field(ge=0, le=MAX_SECONDS)]
+Attempt = Annotated[int, Field(ge=0, le=MAX_ATTEMPT)]
+
+
+class Wire(BaseModel):
+    """The base of every wire model: no float is NaN or infinite (rule 1)."""
+
+    model_config = ConfigDict(allow_inf_nan=False)
+
 
 class TrialKind(StrEnum):
     """What a trial does on its runner: the one definition (the service's table stores it,
@@ -40,13 +138,15 @@ class TrialKind(StrEnum):
     # List the commits between two release tags of a repository (`TrialSpec.commit_range`,
     # runners/commits.py) and report them (`TrialReport.commits`); nothing runs or builds.
     COMMITS = "commits"
+
+
 # The allocation tracers of an attribute trial, cheaper first: native and Python stacks
 # (memray), or Python stacks only (tracemalloc; engine/attribution.py rule 6).
 Tracer = Literal["memray", "tracemalloc"]
 TRACERS: tuple[Tracer, ...] = get_args(Tracer)
 
 
-class EnvSpec(BaseModel):
+class EnvSpec(Wire):
     """Everything that decides the contents of one candidate's environment."""
 
     package: str
@@ -70,18 +170,25 @@ class EnvSpec(BaseModel):
     # Build the package from this direct reference instead of `package==version`
     # (`--commits`): `git+URL@SHA`, or `git+file:///clone@SHA` (`bisect-cli run` only).
     source: str | None = Field(default=None, max_length=2000)
+    # Where the URLs above may lead (contract/outbound.py): the runner checks them against
+    # the addresses they resolve to before uv starts. None: the user's own job, anything.
+    # Not part of the environment's hash (runners/envs.py): it decides no content.
+    reach: Reach | None = None
 
 
-class CommitRange(BaseModel):
+class CommitRange(Wire):
     """What a "commits" trial lists: `repo` from `package`'s `good` tag to its `bad` one."""
 
     repo: str = Field(min_length=1, max_length=2000)
     package: str = Field(min_length=1, max_length=200)
     good: str = Field(min_length=1, max_length=200)
     bad: str = Field(min_length=1, max_length=200)
+    # Where `repo` may lead (contract/outbound.py): checked against its resolved addresses
+    # before git starts, git's own words withheld. None: the user's own job, anything.
+    reach: Reach | None = None
 
 
-class CommitInfo(BaseModel):
+class CommitInfo(Wire):
     sha: str = Field(pattern=r"^[0-9a-f]{40}([0-9a-f]{24})?$")  # SHA-1, or SHA-256 repos
     subject: str = Field(max_length=1000)
 
@@ -90,36 +197,36 @@ class CommitInfo(BaseModel):
 MAX_REPORT_COMMITS = 5000
 
 
-class EnvResult(BaseModel):
+class EnvResult(Wire):
     """The outcome of building one environment."""
 
     ok: bool
-    path: str | None = None
-    python_executable: str | None = None
-    freeze: list[str] = Field(default_factory=list)
+    path: str | None = Field(default=None, max_length=MAX_PATH)
+    python_executable: str | None = Field(default=None, max_length=MAX_PATH)
+    freeze: list[Line] = Field(default_factory=list, max_length=MAX_PINS)
     # "constrained" (held at the good bound's pins), "free" (fallback or no pins),
     # "as-released", or "strict" (a strict mix: every pin held exactly, `EnvSpec.strict`).
-    resolution: str = "free"
-    resolution_note: str | None = None
+    resolution: Word = "free"
+    resolution_note: str | None = Field(default=None, max_length=MAX_ERROR)
     reused: bool = False
-    seconds: float = 0.0
-    error: str | None = None
+    seconds: Seconds = 0.0
+    error: str | None = Field(default=None, max_length=MAX_ERROR)
     # uv found no solution for the pins (a strict mix): the mix is invalid, not guilty.
     unresolvable: bool = False
 
 
-class Sample(BaseModel):
+class Sample(Wire):
     """One memory sample. Bytes; `None` means the source did not say, never zero."""
 
-    t: float = Field(ge=0, allow_inf_nan=False)  # seconds since the trial's script started
+    t: float = Field(ge=0)  # seconds since the trial's script started (finite: rule 1)
     rss: int = Field(ge=0, le=MAX_SAMPLE_BYTES)
     anon: int | None = Field(default=None, ge=0, le=MAX_SAMPLE_BYTES)
     shared: int | None = Field(default=None, ge=0, le=MAX_SAMPLE_BYTES)
     gpu: int | None = Field(default=None, ge=0, le=MAX_SAMPLE_BYTES)
-    step: int | None = Field(default=None, ge=0, le=1 << 62)  # the last step marker seen
+    step: int | None = Field(default=None, ge=0, le=MAX_STEP)  # the last step marker seen
 
 
-class EarlyStop(BaseModel):
+class EarlyStop(Wire):
     """How a trial may end early (contract/earlystop.py has the rules).
 
     The thresholds are the job's classifier settings (engine/analysis.py
@@ -154,7 +261,7 @@ class EarlyStop(BaseModel):
     max_drop_ratio: float = Field(default=1.0, gt=0)
 
 
-class TraceStop(BaseModel):
+class TraceStop(Wire):
     """When an attribute trial's traced run ends before its script does
     (engine/attribution.py rules 7 and 8; runners/tracehelper.py stops it): after
     `markers` step markers (enough for the comparison), or `seconds` after it started
@@ -164,7 +271,7 @@ class TraceStop(BaseModel):
     seconds: float | None = Field(default=None, gt=0, allow_inf_nan=False)
 
 
-class TrialSpec(BaseModel):
+class TrialSpec(Wire):
     trial_id: int
     attempt: int = 1
     kind: TrialKind = TrialKind.RUN
@@ -191,80 +298,85 @@ class TrialSpec(BaseModel):
     owner: str | None = Field(default=None, max_length=200)
 
 
-class EarlyStopRecord(BaseModel):
+class EarlyStopRecord(Wire):
     """What the early-stop rule had to go on in one run trial (contract/earlystop.py): the
     horizon it was sent and how many leak looks it actually tested. The service stores it
     as the trial's analysis["early_stop"]; verdict reuse reads it (service/reuse.py)."""
 
-    horizon_s: float | None = Field(default=None, ge=0, allow_inf_nan=False)
-    horizon_steps: int | None = Field(default=None, ge=0)
+    horizon_s: Seconds | None = None
+    horizon_steps: int | None = Field(default=None, ge=0, le=MAX_STEP)
     looks: int = Field(default=0, ge=0, le=1_000_000)
 
 
-class TrialReport(BaseModel):
-    trial_id: int
-    attempt: int = 1
-    runner_id: str | None = None
+class TrialReport(Wire):
+    trial_id: int = Field(ge=0, le=INT64_MAX)
+    attempt: Attempt = 1
+    runner_id: Name | None = None
     env: EnvResult
-    exit_code: int | None = None
+    exit_code: int | None = Field(default=None, ge=-MAX_EXIT_CODE, le=MAX_EXIT_CODE)
     oom_killed: bool = False
     timed_out: bool = False
-    cap_method: str | None = None  # "cgroup-v1" | "cgroup-v2" | "watchdog"
-    duration_s: float = 0.0
+    cap_method: Word | None = None  # "cgroup-v1" | "cgroup-v2" | "watchdog"
+    duration_s: Seconds = 0.0
     log_tail: str = Field(default="", max_length=64 * 1024)
     samples: list[Sample] = Field(default_factory=list, max_length=MAX_REPORT_SAMPLES)
     # How many samples the trial took; more than len(samples) when it was downsampled.
-    samples_taken: int | None = Field(default=None, ge=0)
+    samples_taken: int | None = Field(default=None, ge=0, le=MAX_STEP)
     # (t, step) for each step marker the script printed.
-    steps: list[tuple[float, int]] = Field(default_factory=list, max_length=MAX_REPORT_SAMPLES)
-    gpu_source: str = Field(default="unavailable", max_length=40)  # process | device | unavailable
-    host_source: str = Field(default="psutil", max_length=40)
-    error: str | None = Field(default=None, max_length=16 * 1024)
+    steps: list[tuple[Seconds, Annotated[int, Field(ge=0, le=MAX_STEP)]]] = Field(
+        default_factory=list, max_length=MAX_REPORT_SAMPLES
+    )
+    gpu_source: Word = "unavailable"  # process | device | unavailable
+    host_source: Word = "psutil"
+    error: str | None = Field(default=None, max_length=MAX_ERROR)
     # Resolve trials: the pins of the resolution (None for run trials, or when it failed).
-    pins: list[str] | None = Field(default=None, max_length=5000)
+    pins: list[Line] | None = Field(default=None, max_length=MAX_PINS)
     # Why the runner ended the trial early (contract/earlystop.py); None: it ran to its end.
     stopped_early: str | None = Field(default=None, max_length=2000)
     # The early-stop rule's horizon and looks in this run (None: it had no early-stop settings).
     early_stop: EarlyStopRecord | None = None
     # Attribute trials: the tracer's per-stack profile (engine/attribution.py `Profile`).
-    attribution: dict[str, Any] | None = None
+    attribution: Annotated[dict[str, Any], bounded_json(MAX_PROFILE_BYTES)] | None = None
     # Commits trials: the listed commits, oldest first (None when listing failed: `error`).
     commits: list[CommitInfo] | None = Field(default=None, max_length=MAX_REPORT_COMMITS)
     # The isolation this trial did not get where the kernel or the runner's rights lacked
     # it, one short phrase each (docs/security.md), e.g. "no network namespace".
-    missing_protections: list[str] = Field(default_factory=list, max_length=20)
+    missing_protections: list[Name] = Field(default_factory=list, max_length=20)
 
     @model_validator(mode="after")
     def _ordered_in_time(self) -> Self:
         times = [s.t for s in self.samples]
         if any(b < a for a, b in zip(times, times[1:], strict=False)):
             raise ValueError("samples: times must not decrease")
-        if any(not math.isfinite(t) or t < 0 for t, _ in self.steps):
-            raise ValueError("steps: times must be finite and not negative")
         return self
 
 
-class RunnerCapabilities(BaseModel):
-    gpus: list[dict[str, Any]] = Field(default_factory=list)  # name, memory_bytes per GPU
-    gpu_driver: str | None = None
-    cuda: str | None = None
-    memory_bytes: int = 0
-    cpus: int = 1
-    pythons: list[str] = Field(default_factory=list)
-    platform: str = ""
+class RunnerCapabilities(Wire):
+    # name, memory_bytes, uuid per GPU (runners/agent.py `describe_capabilities`)
+    gpus: list[Annotated[dict[str, Any], bounded_json(MAX_GPU_BYTES)]] = Field(
+        default_factory=list, max_length=MAX_GPUS
+    )
+    gpu_driver: Name | None = None
+    cuda: Name | None = None
+    memory_bytes: int = Field(default=0, ge=0, le=MAX_SAMPLE_BYTES)
+    cpus: int = Field(default=1, ge=1, le=1 << 20)
+    pythons: list[Word] = Field(default_factory=list, max_length=100)
+    platform: Name = ""
 
     @property
     def gpu_count(self) -> int:
         return len(self.gpus)
 
 
-class RunnerRegister(BaseModel):
+class RunnerRegister(Wire):
     name: str = Field(min_length=1, max_length=200)
     capabilities: RunnerCapabilities = Field(default_factory=RunnerCapabilities)
-    labels: dict[str, str] = Field(default_factory=dict)
+    labels: Annotated[dict[str, str], AfterValidator(_short_labels)] = Field(
+        default_factory=dict, max_length=100
+    )
 
 
-class RunnerRegistered(BaseModel):
+class RunnerRegistered(Wire):
     runner_id: str
     # Sent back as X-Runner-Secret on every later request; shown once, stored only hashed.
     runner_secret: str
@@ -272,7 +384,7 @@ class RunnerRegistered(BaseModel):
     heartbeat_s: float
 
 
-class Lease(BaseModel):
+class Lease(Wire):
     """A trial handed to one runner until `lease_expires_at`, extended by heartbeats."""
 
     trial: TrialSpec
@@ -280,18 +392,19 @@ class Lease(BaseModel):
     heartbeat_s: float
 
 
-class Heartbeat(BaseModel):
-    runner_id: str
-    attempt: int
-    rss: int | None = None  # the trial's current memory, for the status page
+class Heartbeat(Wire):
+    runner_id: Name
+    attempt: Attempt
+    # the trial's current memory, for the status page
+    rss: int | None = Field(default=None, ge=0, le=MAX_SAMPLE_BYTES)
 
 
-class HeartbeatAck(BaseModel):
+class HeartbeatAck(Wire):
     lease_expires_at: datetime
 
 
-class LeaseReturn(BaseModel):
+class LeaseReturn(Wire):
     """A runner giving a trial back unfinished (shutting down); not counted as a failure."""
 
-    runner_id: str
-    attempt: int
+    runner_id: Name
+    attempt: Attempt

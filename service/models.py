@@ -8,12 +8,14 @@ lists and analysis dicts whose shape belongs to the code that writes them (the c
 the environment builder).
 """
 
+import math
 from datetime import UTC, datetime
 from enum import StrEnum
 from typing import Any
 
 from pydantic import BaseModel
-from sqlalchemy import JSON, BigInteger, Column, Index, Text, UniqueConstraint
+from sqlalchemy import JSON, BigInteger, Column, Dialect, Float, Index, Text, UniqueConstraint
+from sqlalchemy.types import TypeDecorator
 from sqlmodel import Field, SQLModel
 
 from contract.wire import TrialKind
@@ -61,6 +63,25 @@ class TrialStatus(StrEnum):
     LEASED = "leased"
     DONE = "done"
     CANCELLED = "cancelled"
+
+
+class FiniteFloat(TypeDecorator[float]):
+    """A float column that holds no NaN or Infinity: such a value is written and read as
+    NULL (unknown). The wire refuses them now (contract/wire.py rule 1); a row stored
+    before that (an Infinity duration) once made every later lease of its job fail."""
+
+    impl = Float
+    cache_ok = True
+
+    def process_bind_param(self, value: float | None, dialect: Dialect) -> float | None:
+        return value if value is None or math.isfinite(value) else None
+
+    def process_result_value(self, value: float | None, dialect: Dialect) -> float | None:
+        return value if value is None or math.isfinite(value) else None
+
+
+def _finite() -> Any:
+    return Field(default=None, sa_column=Column(FiniteFloat))
 
 
 def _json(default: Any = None) -> Any:
@@ -152,7 +173,7 @@ class Candidate(SQLModel, table=True):
     freeze: list[str] = _json()
     resolution: str | None = None
     resolution_note: str | None = Field(default=None, sa_column=Column(Text))
-    env_seconds: float | None = None
+    env_seconds: float | None = _finite()
     # Candidate (in an earlier job) whose verdicts were reused instead of running again.
     reused_from: int | None = None
     # Same script, package, version, environment, classifier and hardware class -> same verdict.
@@ -201,8 +222,8 @@ class Trial(SQLModel, table=True):
     oom_killed: bool = False
     timed_out: bool = False
     cap_method: str | None = None
-    duration_s: float | None = None
-    env_seconds: float | None = None
+    duration_s: float | None = _finite()
+    env_seconds: float | None = _finite()
     # The running trial's memory as of its last heartbeat, for progress displays.
     rss: int | None = Field(default=None, sa_column=Column(BigInteger))
     log_tail: str | None = Field(default=None, sa_column=Column(Text))
