@@ -41,6 +41,14 @@ Rules:
   automatic gc or maintenance either: a repack could exceed the fetch cap), and
   `GIT_ALLOW_PROTOCOL`: http(s), git and ssh for a URL, ``file`` only for a local clone
   (a path or a file:// URL, which only `bisect-cli run` takes), never ``ext::``.
+- Under the job's outbound rule (`CommitRange.reach`, contract/outbound.py; the API's
+  jobs) the repository must be an http(s), git or ssh URL whose host the rule allows
+  against the addresses it resolves to here, checked before git starts (an unresolvable
+  name, a loopback, private or link-local address: refused in one line naming the rule).
+  git then follows no redirect (``http.followRedirects=false``), connects to the
+  addresses checked (``http.curloptResolve``), and a clone or fetch that fails says only
+  that it failed: neither git's words nor the server's reach the job, so a listing is no
+  probe of which ports answer. With no rule (the user's own job) git's reason is shown.
 - `list_range` is what a runner's "commits" trial does (runners/trial.py, and
   runners/docker/entry.py in a build container): the good release's tag commit, then every
   commit after it up to the bad release's tag, at most `MAX_COMMITS`.
@@ -63,6 +71,7 @@ from urllib.parse import unquote, urlsplit
 
 from packaging.version import InvalidVersion, Version
 
+from contract import outbound
 from contract.sources import CommitsError, is_url
 from contract.wire import (
     MAX_REPORT_COMMITS,
@@ -84,6 +93,7 @@ MAX_FETCH_BYTES = 1 << 30  # what one clone or fetch may add to the disk
 # git's INFINITE_DEPTH: the whole history, and a request the dumb HTTP transport refuses.
 INFINITE_DEPTH = "2147483647"
 _DUMB = "dumb http transport does not support shallow capabilities"
+_FETCHING = {"clone": "cloning", "fetch": "fetching"}
 
 
 @dataclass(frozen=True)
@@ -103,13 +113,11 @@ LOCAL_PROTOCOLS = URL_PROTOCOLS + ":file"
 _CONFIG = {"gc.auto": "0", "maintenance.auto": "false"}
 
 
-def _git_env(protocols: str) -> dict[str, str]:
+def _git_env(protocols: str, config: dict[str, str] | None = None) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if k in _PASSED}
     if "SSL_CERT_FILE" in env and "GIT_SSL_CAINFO" not in env:
         env["GIT_SSL_CAINFO"] = env["SSL_CERT_FILE"]  # git's curl reads its own variable
-    env["GIT_CONFIG_COUNT"] = str(len(_CONFIG))
-    for i, (key, value) in enumerate(_CONFIG.items()):
-        env[f"GIT_CONFIG_KEY_{i}"], env[f"GIT_CONFIG_VALUE_{i}"] = key, value
+    env |= outbound.git_env(_CONFIG | (config or {}))
     return env | {
         "HOME": os.devnull,  # no ~/.gitconfig, no credential store
         "GIT_CONFIG_NOSYSTEM": "1",
@@ -125,10 +133,13 @@ def _git_env(protocols: str) -> dict[str, str]:
 
 @dataclass(frozen=True)
 class _Call:
-    """Who runs git now and the listing's deadline (`time.monotonic`), if any."""
+    """Who runs git now, the listing's deadline (`time.monotonic`), if any, and under an
+    outbound rule the settings git gets for the URL (`outbound.git_settings`; None: no
+    rule, git's own reasons are shown)."""
 
     run_as: Identity | None = None
     deadline: float | None = None
+    ruled: dict[str, str] | None = None
 
 
 _CALL: ContextVar[_Call] = ContextVar("git_call", default=_Call())  # noqa: B039 - frozen
@@ -148,7 +159,7 @@ def _git(
     if call.deadline is not None and call.deadline - time.monotonic() < timeout:
         late = f"{what} stopped: listing the commits took longer than {LIST_DEADLINE_S:g} s"
         timeout = max(call.deadline - time.monotonic(), 0.0)
-    done = gitrun.run(list(args), cwd=Path(cwd or "/"), env=_git_env(protocols),
+    done = gitrun.run(list(args), cwd=Path(cwd or "/"), env=_git_env(protocols, call.ruled),
                       run_as=call.run_as, timeout=timeout, fetch=fetch)  # fmt: skip
     if done.error is not None:
         if "No such file or directory" in done.error:
@@ -170,6 +181,9 @@ def _git(
             "leave out file contents; a commits listing needs smart HTTP (git http-backend, "
             "any forge)"
         )
+    if done.exit_code != 0 and call.ruled is not None and fetch is not None:
+        # Under a rule: not git's words ("Couldn't connect", "Empty reply from server").
+        raise CommitsError(f"{_FETCHING[args[0]]} the repository failed")
     if done.exit_code != 0:
         raise CommitsError(f"{what} failed: {_reason(done.stderr, done.exit_code or 0)}")
     return done.stdout
@@ -251,11 +265,25 @@ def _resolve(repo_dir: Path, ref: str) -> str:
 
 
 @contextmanager
-def checkout_for(repo: str, cache_dir: Path, *, timeout: float | None = None) -> Iterator[Path]:
+def checkout_for(
+    repo: str,
+    cache_dir: Path,
+    *,
+    timeout: float | None = None,
+    reach: outbound.Reach | None = None,
+) -> Iterator[Path]:
     """A git directory holding `repo`'s commits and tags while the block runs: the path
     itself (a path or a file:// URL), or the cached clone of a URL, fetched again (held:
-    nothing else fetches into it or evicts it meanwhile; git runs as its owner)."""
-    local = _local_path(repo)
+    nothing else fetches into it or evicts it meanwhile; git runs as its owner). Under
+    `reach` the URL must pass it first (`CommitsError`), and git runs under its settings."""
+    ruled = None
+    if reach is not None:
+        try:
+            allowed = outbound.check(repo, reach, outbound.GIT_SCHEMES)
+        except outbound.Refused as exc:
+            raise CommitsError(outbound.describe("repository", repo, exc)) from None
+        ruled = outbound.git_settings(allowed)
+    local = None if ruled is not None else _local_path(repo)
     if local is not None:
         if not _is_repo_root(local):
             raise CommitsError(f"repo {repo} is not a git repository")
@@ -268,7 +296,7 @@ def checkout_for(repo: str, cache_dir: Path, *, timeout: float | None = None) ->
         raise CommitsError(f"git cache {root} is not reachable by {owner}: {reason}")
     try:
         with gitcache.use(root, repo, owner) as slot:
-            token = _CALL.set(replace(_CALL.get(), run_as=owner))
+            token = _CALL.set(replace(_CALL.get(), run_as=owner, ruled=ruled))
             try:
                 _fetch_into(slot, repo, CLONE_TIMEOUT if timeout is None else timeout)
                 yield slot.path
@@ -317,12 +345,20 @@ def _is_repo_root(path: Path) -> bool:
 MAX_COMMITS = MAX_REPORT_COMMITS
 
 
-def list_range(repo: str, package: str, good: str, bad: str, cache_dir: Path) -> list[Commit]:
+def list_range(
+    repo: str,
+    package: str,
+    good: str,
+    bad: str,
+    cache_dir: Path,
+    reach: outbound.Reach | None = None,
+) -> list[Commit]:
     """The commits a commit search bisects: the good release's tag commit (its good bound),
-    then the first-parent commits after it up to the bad release's tag, oldest first."""
+    then the first-parent commits after it up to the bad release's tag, oldest first.
+    `reach`: the job's outbound rule (`checkout_for`)."""
     token = _CALL.set(_Call(deadline=time.monotonic() + LIST_DEADLINE_S))
     try:
-        with checkout_for(repo, cache_dir) as where:
+        with checkout_for(repo, cache_dir, reach=reach) as where:
             old_tag = tag_for(where, package, good, shown=repo)
             new_tag = tag_for(where, package, bad, shown=repo)
             found = [tag_commit(where, old_tag),
@@ -345,7 +381,7 @@ def answer(commit_range: CommitRange | None, cache_dir: Path) -> dict[str, Any]:
         if commit_range is None:
             raise CommitsError("a commits trial needs its commit_range")
         r = commit_range
-        found = list_range(r.repo, r.package, r.good, r.bad, Path(cache_dir))
+        found = list_range(r.repo, r.package, r.good, r.bad, Path(cache_dir), r.reach)
         out: dict[str, Any] = {"commits": [{"sha": c.sha, "subject": c.subject[:1000]}
                                            for c in found]}  # fmt: skip
     except CommitsError as exc:

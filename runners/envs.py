@@ -64,6 +64,7 @@ from typing import Any
 from packaging.requirements import InvalidRequirement, Requirement
 from packaging.utils import canonicalize_name
 
+from contract import outbound
 from contract.envargs import index_args, utc
 from contract.errors import Unavailable
 from contract.paths import uv_cache_dir
@@ -138,6 +139,7 @@ def spec_hash(spec: EnvSpec) -> str:
         del data["strict"]
     if spec.source is None:
         del data["source"]
+    del data["reach"]  # where the URLs may lead decides nothing the environment holds
     blob = json.dumps(data, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
@@ -314,6 +316,32 @@ def _check_find_links(spec: EnvSpec, ids: Identities) -> None:
             )
 
 
+def _check_reach(spec: EnvSpec) -> dict[str, str]:
+    """Under the job's outbound rule (`EnvSpec.reach`, contract/outbound.py) every URL uv
+    will reach passes it here, against the addresses its name resolves to, before uv
+    starts (`EnvError` names the URL and the rule); a local find-links path or a
+    ``git+file://`` source is refused. Returns the environment for the git uv runs for a
+    source build: no redirects, the checked addresses pinned (`outbound.git_settings`)."""
+    if spec.reach is None:
+        return {}
+    named = [("index_url", "index", spec.index_url)] if spec.index_url else []
+    named += [("extra_index_urls", "index", url) for url in spec.extra_index_urls]
+    named += [("find_links", "find-links", url) for url in spec.find_links]
+    for name, what, url in named:
+        try:
+            outbound.check(url, spec.reach)
+        except outbound.Refused as exc:
+            raise EnvError(outbound.describe(what, url, exc), field=name) from None
+    if spec.source is None:
+        return {}
+    url, _ = _source_parts(spec.source)
+    try:
+        allowed = outbound.check(url, spec.reach, outbound.GIT_SCHEMES)
+    except outbound.Refused as exc:
+        raise EnvError(outbound.describe("repository", url, exc), field="source") from None
+    return outbound.git_env(outbound.git_settings(allowed))
+
+
 def _local_clone(spec: EnvSpec) -> Path | None:
     """The clone a ``git+file://`` source builds from; None for any other spec."""
     if spec.source is None or not spec.source.startswith("git+file://"):
@@ -373,6 +401,7 @@ def resolve_pins(
     """
     pin, _ = _validate(spec)
     python = spec.python or running_python()
+    git = _check_reach(spec)
     ids = identities()
     _check_find_links(spec, ids)
     _check_source(spec, ids)
@@ -390,7 +419,7 @@ def resolve_pins(
             "--no-header", "--no-annotate", "--no-strip-markers",
             *index_args(spec),
         ]  # fmt: skip
-        proc = run_uv(cmd, uv_env(cache, home=tmp), None, cwd=tmp, ids=ids)
+        proc = run_uv(cmd, uv_env(cache, home=tmp) | git, None, cwd=tmp, ids=ids)
     if proc.returncode != 0:
         raise EnvError(f"cannot resolve {pin}: {one_line_reason(proc.stderr)}")
     pins = []
@@ -676,6 +705,7 @@ def build_env(
     """
     started = time.monotonic()
     pin, constraints = _validate(spec)
+    git = _check_reach(spec)
     root, cache_root = prepare_dirs(root, cache_dir)
     ids = identities()
     _check_find_links(spec, ids)
@@ -696,7 +726,8 @@ def build_env(
             build.staging = publish.staging_dir(root, key, ids.build)
             try:
                 build.cache, build.home, build.inputs = cache, home, inputs
-                build.env = uv_env(cache, link_from=root, home=home, copy=ids.build is not None)
+                build.env = uv_env(cache, link_from=root, home=home,
+                                   copy=ids.build is not None) | git  # fmt: skip
                 _trust_clone(spec, home, ids)
                 return build.build(pin, constraints)
             finally:

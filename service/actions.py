@@ -50,7 +50,7 @@ def _create(
     idempotency: str | None = None,
 ) -> Job:
     """A new job, if the submission policy allows what it asks (not yet advanced)."""
-    policy.check_submission(request)
+    policy.check_submission(request, policy.reach(settings))
     fetch = policy.fetch_policy(settings)
     return create_job(session, request, fetch=fetch, owner=owner, idempotency=idempotency)
 

@@ -11,11 +11,9 @@ Errors are `IndexUnavailable`, with a one-line message for the user.
 
 from __future__ import annotations
 
-import ipaddress
 import json
 import os
 import re
-import socket
 import ssl
 import sys
 from collections.abc import Sequence
@@ -37,6 +35,7 @@ from packaging.utils import (
 )
 from packaging.version import InvalidVersion, Version
 
+from contract import outbound
 from contract.errors import InvalidInput
 from engine.releases import DistFile, Release
 
@@ -190,22 +189,19 @@ def _parse_html(text: str, base_url: str) -> list[DistFile]:
 @dataclass(frozen=True)
 class FetchPolicy:
     """How far a listing may reach. `LOCAL` for `bisect-cli run`; the API builds a strict
-    one from its settings (`remote_policy`), since there a client names the URLs.
+    one from its settings (`service.policy.fetch_policy`), since there a client names the
+    URLs.
 
     - ``local_paths``: find-links directories and ``file://`` locations are read.
-    - ``allowed_hosts``: only these hosts (``host`` or ``host:port``; ``*``: any); None:
-      no list, see ``public_only``.
-    - ``public_only`` (with no list): a host must resolve to public addresses only (no
-      loopback, private, link-local or reserved ones: the API must not become a way into
-      its own network). Checked before each request, redirects included; a name that
-      changes its answer between the check and the connection is the one gap left
-      (docs/security.md).
+    - ``reach``: the outbound rule (`contract.outbound`: the hosts listed in
+      BISECT_ALLOWED_INDEXES, else public addresses only; None: any host). Checked before
+      each request, every redirect hop included; a name that changes its answer between
+      the check and the connection is the one gap left (docs/security.md).
     - ``max_redirects`` and ``max_bytes`` bound every page fetched.
     """
 
     local_paths: bool = True
-    allowed_hosts: tuple[str, ...] | None = None
-    public_only: bool = False
+    reach: outbound.Reach | None = None
     max_redirects: int = 5
     max_bytes: int = 64 * 1024 * 1024
 
@@ -225,24 +221,11 @@ def _host_allowed(url: httpx.URL, policy: FetchPolicy) -> str | None:
     """Why `url` may not be fetched under `policy`, or None when it may."""
     if url.scheme not in ("http", "https"):
         return f"only http and https indexes can be read, not {url.scheme}://"
-    host = url.host
-    allowed = policy.allowed_hosts
-    if allowed is not None:
-        named = {host, f"{host}:{url.port}"} if url.port else {host}
-        if "*" in allowed or named & set(allowed):
-            return None
-        return f"host {host} is not in BISECT_ALLOWED_INDEXES"
-    if policy.public_only and not _public(host, url.port or 443):
-        return f"host {host} is not a public address (list it in BISECT_ALLOWED_INDEXES)"
-    return None
-
-
-def _public(host: str, port: int) -> bool:
     try:
-        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
-    except OSError:
-        return True  # it will fail to connect, with its own message
-    return all(ipaddress.ip_address(info[4][0]).is_global for info in infos)
+        outbound.check(str(url), policy.reach)
+    except outbound.Refused as exc:
+        return str(exc)
+    return None
 
 
 def _client(timeout: float, policy: FetchPolicy) -> httpx.Client:
@@ -275,6 +258,8 @@ def _fetch_page(
             return _Page(response.status_code, str(response.url), ctype, bytes(body))
     except IndexRefused as exc:
         raise IndexUnavailable(f"{what}: {exc}") from None
+    except httpx.InvalidURL as exc:  # a link or a redirect httpx cannot read
+        raise IndexUnavailable(f"{what}: not a URL: {exc}") from None
     except httpx.TooManyRedirects:
         raise IndexUnavailable(f"{what}: more than {client.max_redirects} redirects") from None
     except httpx.HTTPError as exc:

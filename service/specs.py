@@ -29,11 +29,13 @@ from typing import Any
 
 from packaging.utils import canonicalize_name
 
+from contract.outbound import Reach
 from contract.wire import CommitRange, EarlyStop, EnvSpec, TraceStop, TrialSpec
 from engine import attribution
 from engine.analysis import ClassifierSettings
-from service import kinds, stages
+from service import kinds, policy, stages
 from service.models import Candidate, Job, Trial, TrialStatus
+from service.settings import get_settings
 
 
 def env_spec(job: Job, candidate: Candidate, *, resolving: bool = False) -> EnvSpec:
@@ -60,9 +62,17 @@ def env_spec(job: Job, candidate: Candidate, *, resolving: bool = False) -> EnvS
     )
 
 
+def _reach(job: Job) -> Reach | None:
+    """Where the job's URLs may lead on a runner: the API's outbound rule (contract/outbound.py,
+    service/policy.py), none for `bisect-cli run`'s own jobs."""
+    return None if job.local else policy.reach(get_settings())
+
+
 def _job_env(job: Job) -> dict[str, Any]:
-    """What every candidate's environment takes from the job: python, requirements, indexes."""
+    """What every candidate's environment takes from the job: python, requirements, indexes,
+    and where those may lead."""
     return {
+        "reach": _reach(job),
         "python": job.python,
         "requirements": list(job.requirements),
         "index_url": job.index_url,
@@ -199,6 +209,7 @@ def commit_range(job: Job) -> CommitRange:
         package=job.target.package,
         good=listing.last_good_release,
         bad=listing.first_bad_release,
+        reach=_reach(job),
     )
 
 
