@@ -507,9 +507,9 @@ def test_source_clone_unreadable_by_the_build_user(build, tmp_path: Path) -> Non
 
 
 def _old_spec_hash(spec: EnvSpec) -> str:
-    """The rule before `strict` and `source`: the same data without those two keys."""
+    """The rule before `strict`, `source` and `reach`: the same data without those keys."""
     data = spec.model_dump(mode="json")
-    del data["strict"], data["source"]
+    del data["strict"], data["source"], data["reach"]
     data["requirements"] = sorted(spec.requirements)
     data["constraints"] = sorted(spec.constraints)
     if spec.exclude_newer is not None:
