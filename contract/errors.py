@@ -52,3 +52,20 @@ class Forbidden(LeakbisectError):
 
 class Unavailable(LeakbisectError):
     """Something the request needs is not there right now (a mechanism, a machine)."""
+
+
+class LimitExceeded(LeakbisectError):
+    """The caller is over a limit of the deployment (active jobs, queued trials): the same
+    request may succeed later. ``retry_after_s``: when to try again, where that means
+    something. The message names the limit and the setting that sets it."""
+
+    def __init__(
+        self, message: str, *, field: str | None = None, retry_after_s: int | None = None
+    ) -> None:
+        super().__init__(message, field=field)
+        self.retry_after_s = retry_after_s
+
+
+class TooLarge(LimitExceeded):
+    """One request asks for more than a deployment allows at once (a range of too many
+    releases): it will not succeed later as it is; asked smaller, it may."""

@@ -17,7 +17,9 @@ indexes, thresholds), so the old job's evidence is never rewritten:
   the step between them leaks.
 
 Every change that can give a job work (a submission, a finished trial, the maintenance
-tick) ends with `advance_job`: one planner step with the slots live runners offer now.
+tick) ends with `advance_job`: one planner step with the slots live runners offer now, and
+the job's trial budget. A submission and "bisect again" first pass the owner's limits
+(`LimitExceeded` 429, `TooLarge` 413: service/policy.py).
 """
 
 from sqlalchemy.exc import IntegrityError
@@ -30,7 +32,7 @@ from service.access import Caller
 from service.envpolicy import EnvPair
 from service.jobs import create_job
 from service.models import Job
-from service.options import JobOptions
+from service.options import MAX_REPEATS, JobOptions
 from service.scheduler import advance, cancel, slots_for
 from service.schemas import AgainRequest, JobCreate
 from service.settings import Settings
@@ -38,8 +40,10 @@ from service.views import readable_job
 
 
 def advance_job(session: Session, job: Job, settings: Settings) -> Plan:
-    """Move `job` one step with the slots of the runners seen within `runner_live_s`."""
-    return advance(session, job, slots_for(session, job, within_s=settings.runner_live_s))
+    """Move `job` one step with the slots of the runners seen within `runner_live_s`, within
+    its trial budget (`max_trials_per_job`: a job that needs more stops, service/policy.py)."""
+    slots = slots_for(session, job, within_s=settings.runner_live_s)
+    return advance(session, job, slots, budget=settings.max_trials_per_job)
 
 
 def _create(
@@ -49,10 +53,19 @@ def _create(
     owner: str | None,
     idempotency: str | None = None,
 ) -> Job:
-    """A new job, if the submission policy allows what it asks (not yet advanced)."""
+    """A new job, if the submission policy allows what it asks and the owner is within the
+    deployment's limits (service/policy.py); not yet advanced."""
     policy.check_submission(request, policy.reach(settings))
+    policy.check_owner_limits(session, settings, owner)
     fetch = policy.fetch_policy(settings)
-    return create_job(session, request, fetch=fetch, owner=owner, idempotency=idempotency)
+    return create_job(
+        session,
+        request,
+        fetch=fetch,
+        owner=owner,
+        idempotency=idempotency,
+        max_candidates=settings.max_candidates,
+    )
 
 
 def submit_job(
@@ -122,7 +135,7 @@ def again_job(
     if caller.role == "viewer":
         raise Forbidden("a view token can only read")
     options = job.model_dump(include=set(JobOptions.model_fields))
-    options["repeats"] = body.repeats or min(job.repeats + 1, 20)
+    options["repeats"] = body.repeats or min(job.repeats + 1, MAX_REPEATS)
     options["max_runs"] = max(job.max_runs, options["repeats"])
     options["reuse_verdicts"] = False
     if isinstance(job.env_policy, EnvPair):

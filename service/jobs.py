@@ -13,6 +13,7 @@ from service.envpolicy import EnvPair
 from service.index import LOCAL, PYPI_SIMPLE, FetchPolicy, list_releases, target_tags
 from service.models import Candidate, Job
 from service.options import JobOptions
+from service.policy import check_candidates
 from service.schemas import JobCreate
 
 
@@ -83,19 +84,22 @@ def create_job(
     fetch: FetchPolicy = LOCAL,
     owner: str | None = None,
     idempotency: str | None = None,
+    max_candidates: int | None = None,
 ) -> Job:
     """List the range's releases and store the job with its candidates (committed).
 
     `local`: made by `bisect-cli run`, whose process runs it (see service/queue.py);
     `fetch`: what reading the indexes may reach (the API's is strict: service/policy.py);
     `idempotency`: the submission's digest, unique (a duplicate raises IntegrityError at the
-    insert, before any candidate is written).
+    insert, before any candidate is written); `max_candidates`: the most releases a range
+    may hold (the API's BISECT_MAX_CANDIDATES, service/policy.py; None for `bisect-cli run`).
     """
     given = {"machine": machine, "local": local, "owner": owner, "idempotency": idempotency}
     policy = request.env_policy
     if isinstance(policy, EnvPair):
         return _create_dependency_job(session, request, policy, given)
     found = releases_for(request, fetch)
+    check_candidates(len(found), found[0].version, found[-1].version, max_candidates)
     job = _job(
         request,
         given,

@@ -15,19 +15,39 @@ reach into its own network (docs/security.md):
 - ``python`` is a minor version CPython has had or may soon have (3.8 to 3.20).
 
 Each refusal is an `InvalidInput` naming the field (422).
+
+And the deployment's limits (docs/security.md), so that one tenant cannot take the service
+for itself; each message names the limit, the count and the setting that sets it:
+
+- per owner (a token's name; every tokenless job is one owner), at submission: at most
+  BISECT_MAX_ACTIVE_JOBS jobs queued or running, and no new job while the owner has
+  BISECT_MAX_QUEUED_TRIALS trials waiting for a runner: `LimitExceeded` (429, Retry-After);
+- per job, at submission: a range of at most BISECT_MAX_CANDIDATES releases (`TooLarge`,
+  413; checked in service/jobs.py once the range is listed);
+- per job, while it runs: BISECT_MAX_TRIALS_PER_JOB trials, its budget; the scheduler
+  stops a job that needs more (`budget_spent` is its message);
+- per option: repeats, max runs and timeout have upper bounds beside their definitions
+  (service/options.py), so the schema, --help and the API refuse more (422).
 """
 
 from urllib.parse import urlsplit
 
 from packaging.requirements import Requirement
+from sqlalchemy import ColumnElement, and_, func
+from sqlmodel import Session, col, select
 
 from contract import outbound
-from contract.errors import InvalidInput
+from contract.errors import InvalidInput, LimitExceeded, TooLarge
 from contract.outbound import Reach
 from service.index import FetchPolicy
+from service.models import Job, JobStatus, Trial, TrialStatus
 from service.options import PYTHON_MINORS, PYTHON_VERSION
 from service.schemas import JobCreate
 from service.settings import Settings
+
+# What a client over a concurrency limit is told to wait before asking again: a poll
+# interval (a job or trial ending frees a place), not a promise.
+RETRY_AFTER_S = 30
 
 
 def reach(settings: Settings) -> Reach | None:
@@ -91,3 +111,52 @@ def check_submission(request: JobCreate, rule: Reach | None = None) -> None:
                 f"write 3.{PYTHON_MINORS.start} to 3.{PYTHON_MINORS.stop - 1}",
                 field="python",
             )
+
+
+def _who(owner: str | None) -> str:
+    return f"{owner} has" if owner else "the tokenless owner has"
+
+
+def _owned(owner: str | None) -> ColumnElement[bool]:
+    # Local jobs (`bisect-cli run` on a shared database) are their user's, not a tenant's.
+    mine = col(Job.owner) == owner if owner else col(Job.owner).is_(None)
+    return and_(mine, col(Job.local).is_(False))
+
+
+def check_owner_limits(session: Session, settings: Settings, owner: str | None) -> None:
+    """Refuse a new job while `owner` is at a limit of the deployment (`LimitExceeded`)."""
+    unfinished = col(Job.status).in_([JobStatus.QUEUED, JobStatus.RUNNING])
+    active = session.exec(select(func.count()).where(_owned(owner), unfinished)).one()
+    if active >= settings.max_active_jobs:
+        raise LimitExceeded(
+            f"too many active jobs: {_who(owner)} {active} queued or running "
+            f"(BISECT_MAX_ACTIVE_JOBS={settings.max_active_jobs})",
+            retry_after_s=RETRY_AFTER_S,
+        )
+    waiting = select(func.count()).join_from(Trial, Job, col(Trial.job_id) == col(Job.id))
+    waiting = waiting.where(_owned(owner), col(Trial.status) == TrialStatus.QUEUED)
+    queued = session.exec(waiting).one()
+    if queued >= settings.max_queued_trials:
+        raise LimitExceeded(
+            f"too many queued trials: {_who(owner)} {queued} waiting for a runner "
+            f"(BISECT_MAX_QUEUED_TRIALS={settings.max_queued_trials})",
+            retry_after_s=RETRY_AFTER_S,
+        )
+
+
+def check_candidates(count: int, good: str, bad: str, most: int | None) -> None:
+    """Refuse a range of more than `most` releases (None: no limit, `bisect-cli run`)."""
+    if most is not None and count > most:
+        raise TooLarge(
+            f"{count} releases from {good} to {bad}; a job may test at most {most} "
+            f"(BISECT_MAX_CANDIDATES={most}): narrow the range",
+            field="range",
+        )
+
+
+def budget_spent(budget: int) -> str:
+    """The message of a job stopped at its trial budget (service/scheduler.py)."""
+    return (
+        f"stopped: the job reached its budget of {budget} trials without converging "
+        f"(BISECT_MAX_TRIALS_PER_JOB={budget})"
+    )

@@ -20,16 +20,17 @@ and each step first marks the earlier verdicts this job's own runs contradict.
 from collections import defaultdict
 from statistics import median
 
+from sqlalchemy import func
 from sqlmodel import Session, col, select
 
 from engine.planner import Plan, ReleaseState, plan
 from engine.pooled import PooledRun, classify_runs
 from engine.verdicts import Verdict
-from service import kinds, pins, pipeline, queue, reuse, stages
+from service import kinds, pins, pipeline, policy, queue, reuse, stages
 from service.envpolicy import EnvPair
 from service.models import Candidate, Job, JobStatus, Trial, TrialStatus, utcnow
 from service.specs import longer_run_hints
-from service.state import SearchOutcome
+from service.state import SearchOutcome, StageStatus
 from service.store import add_trials, candidates_of, steps_printed, trials_of
 from service.trials import cannot_run_why, classifier_settings
 
@@ -123,8 +124,14 @@ def _with_note(base: str | None, note: str | None) -> str | None:
     return "\n".join(lines) or None
 
 
-def advance(session: Session, job: Job, slots: int) -> Plan:
-    """Move `job` one step: returns the planner's answer after queueing its picks."""
+def advance(session: Session, job: Job, slots: int, budget: int | None = None) -> Plan:
+    """Move `job` one step: returns the planner's answer after queueing its picks.
+
+    `budget`: the most trials the job may have (any but cancelled ones, the queued included;
+    the API's BISECT_MAX_TRIALS_PER_JOB, None for `bisect-cli run`). A step that needs more
+    stops the job as an error, its open trials cancelled: a search that does not converge
+    ends instead of taking the runners for ever.
+    """
     with queue.job_lock(session, job):
         if JobStatus(job.status).finished:
             return Plan(run=(), outcome=None)
@@ -133,6 +140,9 @@ def advance(session: Session, job: Job, slots: int) -> Plan:
             step = Plan(run=(), outcome=None)  # the resolve trial comes first
         else:
             step = _plan(session, job, slots, trials)
+        running = not JobStatus(job.status).finished
+        if budget is not None and running and _trials_used(session, job) > budget:
+            step = _stop(session, job, policy.budget_spent(budget))
         if step.outcome is None and job.status == JobStatus.QUEUED:
             job.status = JobStatus.RUNNING
         job.updated_at = utcnow()
@@ -234,6 +244,23 @@ def _releases(
     if reused and step.outcome is None:
         job.message = _with_note(job.message, reuse.note(session, candidates))
     return step
+
+
+def _trials_used(session: Session, job: Job) -> int:
+    """The job's trials that ran, run or wait to (the ones this step queued included)."""
+    query = select(func.count()).select_from(Trial)
+    query = query.where(Trial.job_id == job.id, col(Trial.status) != TrialStatus.CANCELLED)
+    return session.exec(query).one()
+
+
+def _stop(session: Session, job: Job, message: str) -> Plan:
+    """End the job as an error with `message` first, its open trials cancelled."""
+    job.status = JobStatus.ERROR
+    job.message = "\n".join(filter(None, [message, job.message]))
+    job.finished_at = utcnow()
+    job.result = SearchOutcome(status=StageStatus.ERROR, message=message)
+    queue.cancel_open_trials(session, job)
+    return Plan(run=(), outcome=None)
 
 
 def conclude(session: Session, job: Job, candidates: list[Candidate]) -> None:

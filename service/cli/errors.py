@@ -1,7 +1,7 @@
 """One-line errors with documented exit statuses, never a traceback.
 
 Exit statuses, in one place: 2 bad input (a `LeakbisectError` of kind InvalidInput,
-NotFound, Conflict or Forbidden, or a refused request), 1 internal or unavailable
+NotFound, Conflict, Forbidden or LimitExceeded, or a refused request), 1 internal or unavailable
 (Unavailable, a server that cannot be reached, anything unexpected), and the outcome of a
 finished job that `run` and `submit --wait` exit with (`OUTCOME_STATUS`: 0 found, 3 bounds
 failed, 4 inconclusive). Only the CLI has exit statuses: the API and the page show the
@@ -13,7 +13,14 @@ from typing import NoReturn
 
 import typer
 
-from contract.errors import Conflict, Forbidden, InvalidInput, LeakbisectError, NotFound
+from contract.errors import (
+    Conflict,
+    Forbidden,
+    InvalidInput,
+    LeakbisectError,
+    LimitExceeded,
+    NotFound,
+)
 from service.models import JobStatus
 from service.options import flag_names
 
@@ -25,6 +32,7 @@ EXIT_STATUS: dict[type[LeakbisectError], int] = {
     NotFound: BAD_INPUT,
     Conflict: BAD_INPUT,
     Forbidden: BAD_INPUT,
+    LimitExceeded: BAD_INPUT,  # TooLarge too: fix the request, or wait
 }
 # "found" stays 0 for a range that is not monotone: its first transition is a confirmed
 # boundary, and the report's first lines (JSON: `not_monotone`) say what else the verdicts show.

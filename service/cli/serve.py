@@ -8,6 +8,11 @@ tokens are configured), so one command on a laptop is a working service.
 Auth: with no BISECT_API_TOKENS and no BISECT_RUNNER_TOKENS the API is open,
 so it listens on 127.0.0.1 only (and says so); any other --host is refused.
 
+Slow clients: a request's head must arrive within BISECT_HEADER_TIMEOUT_S of the
+connection (or of the previous response), its body within BISECT_BODY_TIMEOUT_S of the
+head (`DeadlineProtocol`); an idle kept-alive connection closes after BISECT_KEEP_ALIVE_S;
+beyond BISECT_MAX_CONNECTIONS connections or requests at once, uvicorn answers 503.
+
 SIGTERM / SIGINT: the runners stop first (a running trial gets --grace
 seconds, else it is killed and its lease given back), leave, and then the API
 shuts down; exit 0. A second signal skips the grace period.
@@ -25,6 +30,8 @@ SQLite serves from one process. Workers sit in a process group of their own
 before the API) and die with it on Linux.
 """
 
+import asyncio
+import functools
 import ipaddress
 import json
 import logging
@@ -37,9 +44,11 @@ import time
 from types import FrameType
 from typing import Annotated, Any
 
+import h11
 import typer
 import uvicorn
 from fastapi import FastAPI
+from uvicorn.protocols.http.h11_impl import H11Protocol
 from uvicorn.supervisors import Multiprocess
 
 from contract.wire import API_PREFIX
@@ -313,6 +322,64 @@ def _run_agent(agent: Agent) -> None:
         agent.log(f"crashed: {type(exc).__name__}: {exc}")
 
 
+class DeadlineProtocol(H11Protocol):
+    """uvicorn's h11 protocol with read deadlines: a request's head must arrive within
+    `head_s` of the connection opening (or of the previous response on a kept-alive one),
+    and its body within `body_s` of the head, else the connection is closed.
+
+    uvicorn bounds a head's size (h11's 16 KiB: beyond it, 400) and an idle kept-alive
+    connection (`timeout_keep_alive`), but has no deadline before a connection's first
+    request, and any byte cancels its keep-alive timer: a client sending nothing, or a byte
+    a second, held its connection for ever. A deadline runs per phase of the request
+    (h11's ``their_state``: IDLE waits for a head, SEND_BODY for the body) and is not
+    renewed by the bytes that trickle in; while the app answers there is none (a long
+    response, such as an event stream, is the app's to bound).
+    """
+
+    def __init__(self, *args: Any, head_s: float, body_s: float, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._limits = {h11.IDLE: head_s, h11.SEND_BODY: body_s}
+        self._phase: type[h11.Sentinel] | None = None
+        self._deadline: asyncio.TimerHandle | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        super().connection_made(transport)  # type: ignore[arg-type]
+        self._follow()
+
+    def data_received(self, data: bytes) -> None:
+        super().data_received(data)
+        self._follow()
+
+    def on_response_complete(self) -> None:
+        super().on_response_complete()
+        self._follow()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._disarm()
+        super().connection_lost(exc)
+
+    def _follow(self) -> None:
+        """Arm the deadline of the phase the request is in, when that phase begins."""
+        phase = self.conn.their_state
+        if phase is self._phase:
+            return
+        self._phase = phase
+        self._disarm()
+        limit = self._limits.get(phase)
+        if limit is not None and not self.transport.is_closing():
+            self._deadline = self.loop.call_later(limit, self._expired)
+
+    def _disarm(self) -> None:
+        if self._deadline is not None:
+            self._deadline.cancel()
+            self._deadline = None
+
+    def _expired(self) -> None:
+        self._deadline = None
+        if not self.transport.is_closing():
+            self.transport.close()
+
+
 class _Api:
     """The API on `sock`: uvicorn in a thread (1 worker) or N worker processes.
 
@@ -330,6 +397,15 @@ class _Api:
             "log_level": "warning",
             "access_log": False,
             "timeout_graceful_shutdown": 5,
+            # Slow clients (docs/security.md): read deadlines uvicorn lacks, its keep-alive
+            # timeout, and how many connections and requests it serves at once (503 beyond).
+            "http": functools.partial(
+                DeadlineProtocol,
+                head_s=settings.header_timeout_s,
+                body_s=settings.body_timeout_s,
+            ),
+            "timeout_keep_alive": settings.keep_alive_s,
+            "limit_concurrency": settings.max_connections,
         }
         if workers > 1:
             # Spawned workers read their settings from the environment.

@@ -2,6 +2,8 @@
 
 - `LeakbisectError` kinds (contract/errors.py) map to statuses by `HTTP_STATUS`; a
   `field` is put in front of the message ("range: version 9.9 ... does not exist").
+  The first matching row wins, so a kind comes before its base (`TooLarge` 413 before
+  `LimitExceeded` 429); a limit's ``retry_after_s`` is sent as ``Retry-After``.
 - Request validation errors are 422 with every error on one line, each naming its field
   ("memory_limit: '12X' is not a positive size ...; repeats: ...").
 - Anything unexpected is logged with its traceback and answered 500 with the exception's
@@ -20,7 +22,9 @@ from contract.errors import (
     Forbidden,
     InvalidInput,
     LeakbisectError,
+    LimitExceeded,
     NotFound,
+    TooLarge,
     Unavailable,
 )
 
@@ -32,6 +36,8 @@ HTTP_STATUS: dict[type[LeakbisectError], int] = {
     Conflict: status.HTTP_409_CONFLICT,
     Forbidden: status.HTTP_403_FORBIDDEN,
     Unavailable: status.HTTP_503_SERVICE_UNAVAILABLE,
+    TooLarge: status.HTTP_413_CONTENT_TOO_LARGE,
+    LimitExceeded: status.HTTP_429_TOO_MANY_REQUESTS,
 }
 
 
@@ -71,7 +77,11 @@ def validation_detail(exc: RequestValidationError) -> str:
 
 async def _on_leakbisect_error(request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, LeakbisectError)
-    return JSONResponse(status_code=http_status(exc), content={"detail": exc.detail()})
+    retry = exc.retry_after_s if isinstance(exc, LimitExceeded) else None
+    headers = {"Retry-After": str(retry)} if retry is not None else None
+    return JSONResponse(
+        status_code=http_status(exc), content={"detail": exc.detail()}, headers=headers
+    )
 
 
 async def _on_validation_error(request: Request, exc: Exception) -> JSONResponse:
