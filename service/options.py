@@ -44,12 +44,6 @@ MAX_VARIABLE_BYTES = 4096
 # `bisect-cli run`, this machine's) to say; the API also refuses minors no CPython has.
 PYTHON_VERSION = re.compile(r"3\.(?P<minor>\d{1,2})(\.\d{1,3})?")
 PYTHON_MINORS = range(8, 21)
-# Upper bounds of the options that multiply a job's cost (issue 26): runs per candidate
-# and the length of one run. Beyond them a job is not more careful, only a way to hold the
-# runners; --help and the API's schema show them, and the API refuses more (422).
-MAX_REPEATS = 20
-MAX_RUNS = 20
-MAX_TIMEOUT_S = 24 * 3600
 VARIABLE_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,127}")
 SCRIPT_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,99}\.py")
 
@@ -64,6 +58,7 @@ def option(
     commands: tuple[str, ...] = RUN_AND_SUBMIT,
     metavar: str | None = None,
     file: str | None = None,
+    verdict: bool = True,
     **field: Any,
 ) -> Any:
     """A job option: `Field(...)` plus its command-line flag(s) (None: not on the CLI).
@@ -72,11 +67,16 @@ def option(
     default is on. ``help`` is the one text shown by --help, the README and OpenAPI.
     ``file``: the flag names a file the CLI reads; the option holds its text and the field
     ``file`` its name (`file_options`).
+    ``verdict=False``: the option cannot change a release's verdict. Every other option
+    is in the verdict-reuse key (service/reuse.py), so a new one is keyed unless it says
+    otherwise: forgetting costs reuse, never a wrong verdict.
     """
     cli = {"flag": flag, "commands": list(commands), "metavar": metavar} if flag else None
     if cli and file:
         cli["file"] = file
-    extra = {"x-cli": cli} if cli else None
+    extra: dict[str, Any] | None = {"x-cli": cli} if cli else None
+    if not verdict:
+        extra = (extra or {}) | {"x-verdict": False}
     schema: dict[str, Any] = {"json_schema_extra": extra}
     if field.pop("validate_default", False):  # checked even when not given (sqlmodel's
         schema["validate_default"] = True  # Field has no such argument; pydantic's has)
@@ -87,6 +87,12 @@ def cli_of(info: FieldInfo) -> dict[str, Any] | None:
     """The ``x-cli`` entry of a field: {"flag", "commands", "metavar"}, or None."""
     extra = info.json_schema_extra
     return extra.get("x-cli") if isinstance(extra, dict) else None  # type: ignore[return-value]
+
+
+def changes_verdict(info: FieldInfo) -> bool:
+    """Whether an option can change a release's verdict (``option(verdict=...)``)."""
+    extra = info.json_schema_extra
+    return not isinstance(extra, dict) or extra.get("x-verdict", True) is not False
 
 
 class JobOptions(SQLModel):
@@ -169,7 +175,12 @@ class JobOptions(SQLModel):
         sa_type=JSON,
     )
     pre: bool = option(False, flag="--pre", help="Include pre-releases in the range.")
-    skip_yanked: bool = option(False, flag="--skip-yanked", help="Drop yanked releases.")
+    skip_yanked: bool = option(
+        False,
+        flag="--skip-yanked",
+        help="Drop yanked releases.",
+        verdict=False,  # which releases are candidates, not how one is judged
+    )
     as_released: bool = option(
         False,
         flag="--as-released",
@@ -202,7 +213,10 @@ class JobOptions(SQLModel):
         sa_type=Text,
     )
     find_fix: bool = option(
-        False, flag="--find-fix", help="Find the first release that no longer leaks."
+        False,
+        flag="--find-fix",
+        help="Find the first release that no longer leaks.",
+        verdict=False,  # the search's direction; each release is judged the same
     )
     all_transitions: bool = option(
         False,
@@ -212,17 +226,26 @@ class JobOptions(SQLModel):
         "plus at most 2 per transition). Without it one extra run above the first bad "
         "release checks the range for a second transition, and the report says when the "
         "releases disagree with a single boundary.",
+        verdict=False,  # which releases run, not how one is judged
     )
+    # How strong a verdict is, not what it says: reuse rule 3 compares it.
     repeats: int = option(
-        1, flag="--repeats", help="Runs per candidate.", metavar="N", ge=1, le=MAX_REPEATS
+        1,
+        flag="--repeats",
+        help="Runs per candidate.",
+        metavar="N",
+        ge=1,
+        le=20,
+        verdict=False,
     )
     max_runs: int = option(
         3,
         flag="--max-runs",
         help="Runs per candidate while inconclusive.",
+        verdict=False,  # only decisive, agreeing verdicts are reused (reuse rule 3)
         metavar="N",
         ge=1,
-        le=MAX_RUNS,
+        le=50,
     )
     timeout_s: float = option(
         600.0,
@@ -230,7 +253,7 @@ class JobOptions(SQLModel):
         help="Seconds one run may take before it is killed.",
         metavar="S",
         gt=0,
-        le=MAX_TIMEOUT_S,
+        le=7 * 24 * 3600,
     )
     memory_limit: int | None = option(
         None,
@@ -273,6 +296,7 @@ class JobOptions(SQLModel):
         help="Reuse verdicts of your own earlier jobs judged under the same conditions "
         "(script, package, version, environment, --env variables, classifier, hardware "
         "class) when they are as strong as a fresh run; the boundary pair always runs again.",
+        verdict=False,
     )
     early_stop: bool = option(
         True,
@@ -280,6 +304,7 @@ class JobOptions(SQLModel):
         help="End a run as soon as it is sure to leak: only for repros that print step "
         f"markers, after the first marker, once a full run of the job took {MIN_HORIZON_S:.0f} "
         "s or more (or when it nears the memory cap); clean runs always run to the end.",
+        verdict=False,  # reuse rule 3 checks each deciding run's stop instead
     )
     attribute: bool = option(
         True,
@@ -288,6 +313,7 @@ class JobOptions(SQLModel):
         "tracer (memray, native and Python stacks; tracemalloc when memray cannot install or "
         "names nothing), each run stopped once it has enough steps or its budget, and report "
         "the call stacks that grow in the first bad one only. Never decides a verdict.",
+        verdict=False,
     )
     commits: bool = option(
         False,
@@ -295,6 +321,7 @@ class JobOptions(SQLModel):
         help="Then bisect the commits between the boundary's two release tags, each built "
         "from source with uv (the repository comes from the release's project URLs, or "
         "--repo).",
+        verdict=False,  # a stage after the releases' verdicts
     )
     repo: str | None = option(
         None,
@@ -303,6 +330,7 @@ class JobOptions(SQLModel):
         "only) a local clone's path.",
         metavar="URL|PATH",
         max_length=MAX_TEXT,
+        verdict=False,  # only for --commits
     )
     variables: dict[str, str] = option(
         default_factory=dict,

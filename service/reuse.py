@@ -4,18 +4,23 @@ and only where the earlier verdict is as strong as a fresh one would be.
 Rules, in code order:
 
 1. Key (`key_material`, `reuse_key`). Two candidates share a key when everything that
-   decides their verdict is the same: the script (its text and its file name: a script
-   named like a module it imports shadows it), the package and version, the environment,
-   the job's `--env` variables (a variable can switch a leak on or off), the run policy,
-   the classifier settings and the hardware class. `KEY_VERSION` is bumped whenever the
-   key's contents change, so keys made by older code (which could hold verdicts that
-   later rules refuse) never match a new one. Repeats and early stopping are not in the
-   key: they decide how strong a verdict is, which rule 3 checks.
+   decides their verdict is the same: every job option that can change a verdict, read
+   from its definition (`VERDICT_OPTIONS`: each option of service/options.py not declared
+   `verdict=False`, so a new option is keyed unless it says it cannot change a verdict),
+   the version, the environment the runner gets for it and the hardware class. The
+   options hold the script (its text and its file name: a script named like a module it
+   imports shadows it), the `--env` variables (PYTHONPATH can put a fake module first),
+   the indexes and environment policy, the run policy and the classifier thresholds.
+   `KEY_VERSION` is bumped whenever the key's contents change, so keys made by older code
+   (which could hold verdicts that later rules refuse) never match a new one. Repeats and
+   early stopping are not in the key: they decide how strong a verdict is, which rule 3
+   checks.
 2. Keys are computed once per candidate, lazily (`ensure_keys`), for every job, also
    one with `reuse_verdicts=False`: its own verdicts can serve later jobs.
 3. Source (`find_source`): a candidate of an *earlier* job with the same key, and
-   - the same owner (`Job.owner`; None is `bisect-cli run` or an open service): one
-     tenant's verdicts never decide, or name a job in, another's;
+   - the same owner (`Job.owner`; None is `bisect-cli run` or an open service), or an
+     owner of the same trust group (`BISECT_REUSE_GROUPS`, `owners`): one tenant's
+     verdicts never decide another's unless an admin grouped them;
    - its job ran at least as many repeats per evaluation as this one asks;
    - judged by its own trials (not itself a reuse), every evaluation decisive (leak,
      clean, plateau) and agreeing (clean and plateau agree), and never contradicted by
@@ -36,15 +41,18 @@ Rules, in code order:
    end the job without a run of its own; it is run once first, and the job ends only if
    that run agrees.
 6. Contradictions (`mark_contradictions`): when a candidate's own runs say leak and an
-   earlier job's candidate of the same key and owner says bounded (or the reverse), the
+   earlier job's candidate of the same key and owners (rule 3) says bounded (or the reverse), the
    earlier one records this job (`contradicted_by_job`): it is shown as flaky and never
    reused again. A reused candidate whose own run contradicts the verdict it copied
    records the source's job the same way; its evaluations disagree, so the planner calls
    it flaky and steps around it. Either way both jobs' views say "flaky: contradicted by
    job N". Jobs with `reuse_verdicts=False` (`--no-reuse`, "Bisect again") mark too.
-7. Attribution (`find_attribution`): an earlier job of the same owner that traced the
-   same boundary pair under the same keys lends its attribution.
-8. Note (`note`): one line per source job for the job's message.
+7. Attribution (`find_attribution`): an earlier job of the same owner (not the trust
+   group: the attribution names the job it came from) that traced the same boundary pair
+   under the same keys lends its attribution.
+8. Note (`note`): one line per source job for the job's message, naming the job only when
+   it is the same owner's; a verdict from another owner of the trust group is "reused from
+   an earlier job of this trust group" (an owner sees only their own jobs).
 
 Errors, skips and inconclusive verdicts are never reused: they may say more about the
 machine or the index that day than about the release. Portable SQL only (indexed
@@ -54,8 +62,8 @@ equality, IN, comparisons and a join), so SQLite and Postgres behave the same.
 import hashlib
 import json
 from collections.abc import Sequence
-from dataclasses import asdict
-from typing import Any
+from dataclasses import fields
+from typing import Any, get_args
 
 from packaging.requirements import InvalidRequirement, Requirement
 from packaging.utils import canonicalize_name
@@ -69,13 +77,28 @@ from engine.verdicts import Verdict
 from service import kinds
 from service.envpolicy import AsReleased
 from service.models import Candidate, Job, Trial, TrialStatus
+from service.options import JobOptions, changes_verdict
+from service.settings import get_settings
 from service.specs import env_spec
 
 # Bump when the key's contents change, so old keys stop matching new ones.
 # 2: the job's --env variables and the script's file name; repeats left for rule 3.
-KEY_VERSION = 2
+# 3: every option that can change a verdict, read from its definition (VERDICT_OPTIONS).
+KEY_VERSION = 3
+# The job options in the key: all but those declared unable to change a verdict.
+VERDICT_OPTIONS = tuple(
+    name for name, info in JobOptions.model_fields.items() if changes_verdict(info)
+)
+CLASSIFIER = frozenset(f.name for f in fields(ClassifierSettings))
+# Options typed float (or float | None): an int given for one means the same float.
+_FLOATS = {
+    name: float in (info.annotation, *get_args(info.annotation))
+    for name, info in JobOptions.model_fields.items()
+}
 REUSABLE = frozenset({Verdict.LEAK.value, Verdict.CLEAN.value, Verdict.PLATEAU.value})
 BOUNDED = sorted({Verdict.CLEAN.value, Verdict.PLATEAU.value})
+# Where a note says a verdict came from when another owner of the trust group judged it.
+GROUP_SOURCE = "an earlier job of this trust group"
 # How contract/earlystop.py words a stop by the memory-cap rule (`EarlyStopper.look`).
 CAP_NEAR = "the memory cap is near"
 
@@ -101,29 +124,43 @@ def _other_pins(constraints: list[str], package: str) -> list[str]:
     return sorted(kept)
 
 
+def _canonical(name: str, value: Any) -> Any:
+    """An option's value as the key holds it: one form per meaning."""
+    if name == "package":
+        return canonicalize_name(value) if value else value
+    if name == "requirements":
+        return sorted(r.strip() for r in value)
+    if name == "variables":
+        return dict(sorted(value.items()))
+    if name in CLASSIFIER:  # unset and the default are the same threshold
+        return getattr(ClassifierSettings(), name) if value is None else float(value)
+    if isinstance(value, int) and not isinstance(value, bool) and _FLOATS.get(name):
+        return float(value)  # 600 and 600.0 are one timeout
+    if isinstance(value, str) and len(value) > 200:  # the script, a base environment
+        return "sha256:" + hashlib.sha256(value.encode()).hexdigest()
+    return value
+
+
 def key_material(job: Job, candidate: Candidate) -> dict[str, Any]:
     """Everything that decides a candidate's verdict, as canonical JSON-ready data.
 
-    - the script (its sha256 and its file name), the package (canonical name) and the
-      version;
-    - the environment spec as the runner gets it: Python, extra requirements
-      (sorted), index URL, extra index URLs and find-links (in order: order
-      decides which index wins), pre-releases, the pins of the other packages
-      (sorted, the package's own pin dropped), for as-released jobs the
-      upload-time cutoff, and for base-environment jobs that mark (every pin is
-      then installed, not only what the candidate needs);
-    - the job's environment variables for the script (`--env`);
-    - the run policy that changes what a run can show: timeout, memory cap, sample rate;
-    - the classifier settings, with defaults filled in (an empty policy and an
-      explicit default policy are the same);
-    - the hardware class (a GPU leak needs a GPU to show) and requires_gpu.
+    - every option of `VERDICT_OPTIONS` as the job holds it (`_canonical`: the package's
+      canonical name, requirements sorted, variables by name, classifier thresholds
+      with their defaults filled in, long texts as their sha256);
+    - the version, and the script's digest as stored with the job;
+    - the environment spec as the runner gets it: the options above made concrete for
+      this candidate, and what the job resolved: the pins of the other packages
+      (sorted, the package's own pin dropped), for as-released jobs the upload-time
+      cutoff, and for base-environment jobs that mark (every pin is then installed,
+      not only what the candidate needs);
+    - the hardware class (a GPU leak needs a GPU to show).
     """
     spec = env_spec(job, candidate)
     return {
         "v": KEY_VERSION,
+        "options": {name: _canonical(name, getattr(job, name)) for name in VERDICT_OPTIONS},
+        # The digest stored at submission too (the option's text is hashed above).
         "script_sha256": job.script_sha256,
-        "script_name": job.script_name,
-        "package": canonicalize_name(job.target.package),
         "version": _version(candidate.version),
         "env": {
             "python": spec.python,
@@ -135,23 +172,16 @@ def key_material(job: Job, candidate: Candidate) -> dict[str, Any]:
             "as_released": isinstance(job.env_policy, AsReleased),
             "constraints": _other_pins(spec.constraints, job.target.package),
             "exclude_newer": spec.exclude_newer.isoformat() if spec.exclude_newer else None,
-            # Only when set, so the keys of jobs without one stay what they were.
+            # Only when set, as before (tests/test_baseenv.py reads the mark's absence).
             **({"base_env": True} if spec.base_env else {}),
         },
-        "variables": dict(sorted(job.variables.items())),
-        "run": {
-            "timeout_s": float(job.timeout_s),
-            "memory_limit_bytes": job.memory_limit,
-            "sample_hz": float(job.sample_hz),
-        },
-        "classifier": asdict(ClassifierSettings(**job.classifier)),
         "hardware_class": job.hardware_class,
-        "requires_gpu": job.requires_gpu,
     }
 
 
 def reuse_key(job: Job, candidate: Candidate) -> str:
-    blob = json.dumps(key_material(job, candidate), sort_keys=True, separators=(",", ":"))
+    material = key_material(job, candidate)
+    blob = json.dumps(material, sort_keys=True, separators=(",", ":"), default=str)
     return hashlib.sha256(blob.encode()).hexdigest()
 
 
@@ -163,9 +193,25 @@ def ensure_keys(session: Session, job: Job, candidates: list[Candidate]) -> None
             session.add(candidate)
 
 
+def owners(owner: str | None) -> frozenset[str | None]:
+    """Whose verdicts `owner`'s jobs may reuse: the owner, or every owner of its trust
+    group (`BISECT_REUSE_GROUPS`, read only for an owned job)."""
+    if owner is None:
+        return frozenset({None})
+    groups = get_settings().reuse_groups
+    return next((frozenset(g) for g in groups if owner in g), frozenset({owner}))
+
+
 def _same_owner(job: Job) -> Any:
-    """Rule 3's owner condition on the joined `Job` row (None matches only None)."""
+    """Rule 7's owner condition on the joined `Job` row (None matches only None)."""
     return col(Job.owner).is_(None) if job.owner is None else col(Job.owner) == job.owner
+
+
+def _owners(job: Job) -> Any:
+    """Rule 3's owner condition on the joined `Job` row: the job's owner or trust group."""
+    if job.owner is None:
+        return col(Job.owner).is_(None)
+    return col(Job.owner).in_(sorted(o for o in owners(job.owner) if o is not None))
 
 
 def verdict_class(verdicts: Sequence[str]) -> str | None:
@@ -219,7 +265,7 @@ def find_source(session: Session, job: Job, candidate: Candidate) -> Candidate |
             col(Candidate.reused_from).is_(None),
             col(Candidate.contradicted_by_job).is_(None),
             col(Job.repeats) >= job.repeats,
-            _same_owner(job),
+            _owners(job),
         )
     )
     found = [c for c in session.exec(query) if verdict_class(c.evaluations) is not None]
@@ -287,7 +333,7 @@ def mark_contradictions(session: Session, job: Job, candidates: list[Candidate])
                 and_(col(Candidate.reuse_key).in_(leaking), col(Candidate.verdict).in_(BOUNDED)),
                 and_(col(Candidate.reuse_key).in_(bounded), col(Candidate.verdict) == "leak"),
             ),
-            _same_owner(job),
+            _owners(job),
         )
     )
     for earlier in session.exec(query):
@@ -332,19 +378,28 @@ def find_attribution(session: Session, job: Job, good: Candidate, bad: Candidate
 
 
 def note(session: Session, candidates: list[Candidate]) -> str | None:
-    """One line per source job: "verdicts of 1.0.5, 1.0.6 reused from job 3"."""
+    """One line per source job: "verdicts of 1.0.5, 1.0.6 reused from job 3"; a job of
+    another owner (of the trust group) is never named (rule 8)."""
     reused = [c for c in candidates if c.reused_from is not None]
     if not reused:
         return None
     ids = sorted({c.reused_from for c in reused if c.reused_from is not None})
-    query = select(Candidate.id, Candidate.job_id).where(col(Candidate.id).in_(ids))
-    source_job = dict(session.exec(query).all())
-    by_job: dict[int, list[str]] = {}
+    query = (
+        select(Candidate.id, Candidate.job_id, Job.owner)
+        .join(Job, col(Job.id) == col(Candidate.job_id))
+        .where(col(Candidate.id).in_(ids))
+    )
+    source = {row[0]: (row[1], row[2]) for row in session.exec(query)}
+    own = session.get(Job, reused[0].job_id)
+    mine = own.owner if own is not None else None
+    # Keyed by the source job's id, or None for another owner's job: it is not named.
+    by_job: dict[int | None, list[str]] = {}
     for c in reused:
-        by_job.setdefault(source_job.get(c.reused_from, 0), []).append(c.version)
+        job_id, owner = source.get(c.reused_from, (0, None))  # type: ignore[arg-type]
+        by_job.setdefault(job_id if owner == mine else None, []).append(c.version)
     lines = [
         f"verdict{'s' if len(versions) > 1 else ''} of {', '.join(versions)} "
-        f"reused from job {job_id}"
-        for job_id, versions in sorted(by_job.items())
+        f"reused from {GROUP_SOURCE if job_id is None else f'job {job_id}'}"
+        for job_id, versions in sorted(by_job.items(), key=lambda i: (i[0] is None, i[0] or 0))
     ]
     return "; ".join(lines)

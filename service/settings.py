@@ -53,6 +53,26 @@ def parse_tokens(text: str) -> list[NamedToken]:
     return tokens
 
 
+def parse_groups(text: str) -> list[frozenset[str]]:
+    """Trust groups, ';' between groups and ',' between owner names; each name in one group."""
+    groups: list[frozenset[str]] = []
+    seen: set[str] = set()
+    for part in filter(None, (p.strip() for p in text.split(";"))):
+        names = [n.strip() for n in part.split(",") if n.strip()]
+        for name in names:
+            if not TOKEN_NAME.fullmatch(name):
+                raise ValueError(
+                    f"{name!r} is not an owner name (a token's name: letters, digits, _ . -)"
+                )
+            if name in seen:
+                raise ValueError(f"{name} is in two groups; an owner belongs to one at most")
+            seen.add(name)
+        if len(names) < 2:
+            raise ValueError(f"the group {part!r} has one owner; a group needs two or more")
+        groups.append(frozenset(names))
+    return groups
+
+
 # Comma-separated in the environment; SecretStr so a printed Settings never shows them.
 Tokens = Annotated[list[SecretStr], NoDecode]
 
@@ -74,6 +94,9 @@ class Settings(BaseSettings):
     admin_tokens: Tokens = Field(default_factory=list)
     view_tokens: Tokens = Field(default_factory=list)
     runner_tokens: Tokens = Field(default_factory=list)
+    # Verdict reuse stays within one owner (a token's name); owners an admin lists together
+    # here share verdicts as one trust group (service/reuse.py rule 3): "alice,bob;carol,dave".
+    reuse_groups: Annotated[list[frozenset[str]], NoDecode] = Field(default_factory=list)
     # With no tokens the API answers only requests whose Host is one of these (DNS
     # rebinding: a web page must not reach a loopback API by a name it controls).
     trusted_hosts: Annotated[list[str], NoDecode] = Field(
@@ -88,24 +111,6 @@ class Settings(BaseSettings):
     reap_interval_s: float = Field(default=5.0, ge=0)
     # A runner seen within this many seconds counts as a free slot for k-section.
     runner_live_s: float = Field(default=60.0, gt=0)
-    # Limits per owner (a token's name; every tokenless job is one owner), so that one
-    # tenant cannot fill the queue (issue 26): a submission beyond either is answered 429
-    # (service/policy.py). Active jobs are queued or running; queued trials wait for a runner.
-    max_active_jobs: int = Field(default=20, ge=1)
-    max_queued_trials: int = Field(default=200, ge=1)
-    # Limits per job: a range of more releases is refused at submission (413), and a job
-    # that needs more trials than its budget stops with an error (service/scheduler.py),
-    # so a runaway search ends instead of running for ever.
-    max_candidates: int = Field(default=500, ge=2)
-    max_trials_per_job: int = Field(default=1000, ge=1)
-    # Slow clients (`serve`, service/cli/serve.py): a request's head must arrive within
-    # header_timeout_s of the connection (or of the previous response), its body within
-    # body_timeout_s of its head, else the connection is closed; an idle keep-alive
-    # connection closes after keep_alive_s; beyond max_connections, requests get 503.
-    header_timeout_s: float = Field(default=10.0, gt=0)
-    body_timeout_s: float = Field(default=60.0, gt=0)
-    keep_alive_s: float = Field(default=5.0, gt=0)
-    max_connections: int = Field(default=1000, ge=1)
     # Base of the job URLs the API hands out (e.g. https://bisect.example.com);
     # default: the base URL of the request.
     public_url: str | None = None
@@ -133,6 +138,11 @@ class Settings(BaseSettings):
         if isinstance(value, list):
             return [NamedToken(v) if isinstance(v, str) else v for v in value]
         return value
+
+    @field_validator("reuse_groups", mode="before")
+    @classmethod
+    def _split_groups(cls, value: Any) -> Any:
+        return parse_groups(value) if isinstance(value, str) else value
 
     @property
     def auth_enabled(self) -> bool:

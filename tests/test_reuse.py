@@ -20,14 +20,15 @@ from sqlalchemy.engine import Engine
 from sqlmodel import Session, col, select
 
 from contract import earlystop
+from contract.errors import InvalidInput
 from contract.wire import EarlyStop, EnvResult, TrialReport
 from engine.verdicts import Verdict
-from service import reuse
+from service import options, reuse
 from service.app import create_app
 from service.db import get_engine, make_engine, upgrade
 from service.models import Candidate, Job, JobStatus, PinState, Trial, TrialKind, TrialStatus
 from service.scheduler import advance
-from service.settings import Settings
+from service.settings import Settings, get_settings
 from service.trials import record_report
 
 VERSIONS = [f"1.0.{i}" for i in range(10)]
@@ -147,9 +148,9 @@ def settle(
 def old_key(job: Job, candidate: Candidate) -> str:
     """The key KEY_VERSION 1 wrote: no --env variables, no script name, repeats in it."""
     material = reuse.key_material(job, candidate)
-    del material["variables"], material["script_name"]
+    del material["options"]["variables"], material["options"]["script_name"]
     material["v"] = 1
-    material["run"]["repeats"] = job.repeats
+    material["options"]["repeats"] = job.repeats
     blob = json.dumps(material, sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(blob.encode()).hexdigest()
 
@@ -158,7 +159,7 @@ def test_the_key_holds_env_variables_and_old_keys_never_match(session: Session) 
     plain = seed(session)
     candidate = rows(session, plain)["1.0.5"]
     base = reuse.reuse_key(plain, candidate)
-    assert reuse.key_material(plain, candidate)["v"] == reuse.KEY_VERSION == 2
+    assert reuse.key_material(plain, candidate)["v"] == reuse.KEY_VERSION == 3
     for fields in [{"variables": {"LEAK": "1"}}, {"variables": {"PYTHONPATH": "/tmp/fake"}}]:
         assert reuse.reuse_key(seed(session, **fields), candidate) != base, fields
     ab = seed(session, variables={"A": "1", "B": "2"})
@@ -480,3 +481,177 @@ def test_bobs_jobs_never_answer_alices_and_again_marks_what_it_contradicts(
     assert [c["contradicted_by_job"] for c in first if c["version"] == "1.0.5"] == [again]
     for job_id in (fake, plain):
         assert not any(c["contradicted_by_job"] for c in shown(service, BOB, job_id)["candidates"])
+
+
+# ------------------------------------------- 1, 3, 8. every option keyed; trust groups
+
+# The options declared unable to change a verdict (`option(verdict=False)`): a new one
+# joins this list only after a look at why (service/options.py says it beside each).
+NOT_KEYED = {"skip_yanked", "find_fix", "all_transitions", "repeats", "max_runs",
+             "reuse_verdicts", "early_stop", "attribute", "commits", "repo"}  # fmt: skip
+# A different, meaningful value for an option whose default says nothing to change.
+OTHER = {"resolve_at": "2024-01-01", "package": "otherpkg", "script": "import os\n",
+         "python": "3.12", "index_url": "http://127.0.0.1:1/simple", "min_growth_mib": 16.0,
+         "min_growth_fraction": 0.5, "memory_limit": 1 << 30}  # fmt: skip
+
+
+# --from/--to come as a pair (the job's policy reads both): each is changed within one.
+PAIR = {"from_env": "a==1.0\n", "to_env": "a==2.0\n"}
+
+
+def other_value(name: str, value: Any) -> Any:
+    """A value of the option's type unlike `value` (the Job row is not validated)."""
+    if name in OTHER:
+        return OTHER[name]
+    if isinstance(value, bool):
+        return not value
+    if isinstance(value, int | float):
+        return value * 2
+    if isinstance(value, list):
+        return [*value, "otherdep==1.0"]
+    if isinstance(value, dict):
+        return {**value, "PYTHONPATH": "/tmp/fake"}
+    if name.endswith("env"):
+        return f"{value or ''}other==1.0\n"
+    return f"{value}-other" if value else f"{name}-other"
+
+
+@pytest.mark.parametrize("name", list(options.JobOptions.model_fields))
+def test_every_option_that_can_change_a_verdict_changes_the_key(
+    session: Session, name: str
+) -> None:
+    """Iterates the definitions, so a new option is covered without a new test."""
+    pair = PAIR if name in PAIR else {}
+    plain = seed(session, **pair)
+    candidate = rows(session, plain)["1.0.5"]
+    changed = seed(session, **{**pair, name: other_value(name, getattr(plain, name))})
+    keyed = options.changes_verdict(options.JobOptions.model_fields[name])
+    assert keyed == (name not in NOT_KEYED) == (name in reuse.VERDICT_OPTIONS)
+    differs = reuse.reuse_key(changed, candidate) != reuse.reuse_key(plain, candidate)
+    assert differs == keyed, (name, getattr(changed, name))
+
+
+@pytest.fixture
+def groups(monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable[[str], None]]:
+    """Sets BISECT_REUSE_GROUPS as an operator would (the settings are read again)."""
+
+    def configure(text: str) -> None:
+        monkeypatch.setenv("BISECT_REUSE_GROUPS", text)
+        get_settings.cache_clear()
+
+    yield configure
+    get_settings.cache_clear()
+
+
+def test_a_trust_group_shares_verdicts_and_names_only_the_owners_own_jobs(
+    session: Session, groups: Callable[[str], None]
+) -> None:
+    groups("alice,bob;carol,dave")
+    assert reuse.owners("alice") == {"alice", "bob"} and reuse.owners("erin") == {"erin"}
+    bob = seed(session, owner="bob")
+    settle(session, bob)
+    assert bob.status == JobStatus.FOUND
+    # Carol is in another group: she runs her bounds herself.
+    carol = seed(session, owner="carol")
+    advance(session, carol, 1)
+    assert (reused(session, carol), ran(session, carol)) == ([], ["1.0.0"])
+    # Alice's job copies bob's verdicts; its message does not name his job.
+    alice = seed(session, owner="alice")
+    settle(session, alice)
+    assert (alice.status, ran(session, alice)) == (JobStatus.FOUND, ["1.0.5", "1.0.6"])
+    assert alice.message is not None and alice.message.splitlines()[-1] == (
+        "verdicts of 1.0.0, 1.0.5, 1.0.6, 1.0.7, 1.0.9 reused from an earlier job of this "
+        "trust group"
+    )
+    assert f"job {bob.id}" not in alice.message
+    # Bob's own next job names his own job.
+    bob_again = seed(session, owner="bob")
+    advance(session, bob_again, 1)
+    assert bob_again.message is not None and f"from job {bob.id}" in bob_again.message
+    # Verdicts from her own job and from bob's in one note: hers named, his not.
+    own = seed(session, owner="alice", reuse_verdicts=False)
+    settle(session, own)
+    mixed = rows(session, seed(session, owner="alice"))
+    mixed["1.0.0"].reused_from = rows(session, own)["1.0.0"].id
+    mixed["1.0.7"].reused_from = rows(session, bob)["1.0.7"].id
+    assert reuse.note(session, list(mixed.values())) == (
+        f"verdict of 1.0.0 reused from job {own.id}; "
+        "verdict of 1.0.7 reused from an earlier job of this trust group"
+    )
+
+
+def test_other_variables_never_cross_even_inside_a_trust_group(
+    session: Session, groups: Callable[[str], None]
+) -> None:
+    groups("alice,bob")
+    # Bob's PYTHONPATH job: a fake module that never leaks, the bad bound included.
+    fake = seed(session, owner="bob", variables={"PYTHONPATH": "/tmp/fake"})
+    settle(session, fake, first_leak="9.9.9")
+    assert fake.status == JobStatus.BOUNDS_FAILED
+    alice = seed(session, owner="alice")
+    settle(session, alice)
+    assert (alice.status, reused(session, alice), ran(session, alice)) == (
+        JobStatus.FOUND, [], PATH
+    )  # fmt: skip
+    assert alice.message is not None and "reused" not in alice.message
+    # Bob's own job with the same variables does reuse his.
+    again = seed(session, owner="bob", variables={"PYTHONPATH": "/tmp/fake"})
+    advance(session, again, 1)
+    assert reused(session, again) == ["1.0.0", "1.0.9"]
+    assert again.message == f"verdicts of 1.0.0, 1.0.9 reused from job {fake.id}"
+
+
+def test_a_contradiction_inside_a_trust_group_stops_the_verdict_for_all(
+    session: Session, groups: Callable[[str], None]
+) -> None:
+    groups("alice,bob")
+    loaded = seed(session, owner="alice")
+    settle(session, loaded, first_leak="1.0.3")  # her loaded machine: 1.0.5 "leaks"
+    fresh = seed(session, owner="bob", reuse_verdicts=False, repeats=2)
+    settle(session, fresh)
+    marked = {v: c.contradicted_by_job for v, c in rows(session, loaded).items()}
+    assert {v: j for v, j in marked.items() if j} == {"1.0.5": fresh.id}
+    # Neither owner copies her disputed 1.0.5 again: the group's source is bob's clean one.
+    for owner in ("alice", "bob"):
+        later = seed(session, owner=owner)
+        reuse.ensure_keys(session, later, list(rows(session, later).values()))
+        source = reuse.find_source(session, later, rows(session, later)["1.0.5"])
+        assert source is not None and (source.job_id, source.verdict) == (fresh.id, "clean")
+
+
+@pytest.mark.parametrize(
+    ("text", "line"),
+    [
+        ("alice,bob;bob,carol", "bob is in two groups; an owner belongs to one at most"),
+        ("alice,bob;carol", "the group 'carol' has one owner; a group needs two or more"),
+        ("alice,b ob", "'b ob' is not an owner name (a token's name: letters, digits, _ . -)"),
+    ],
+)
+def test_a_bad_trust_group_setting_is_one_line_at_startup(
+    groups: Callable[[str], None], text: str, line: str
+) -> None:
+    groups(text)
+    with pytest.raises(InvalidInput) as raised:
+        get_settings()
+    assert str(raised.value) == f"BISECT_REUSE_GROUPS: {line}"
+
+
+def test_through_the_api_a_trust_group_reuses_and_names_no_other_owners_job(
+    service: TestClient, fixture_index: str, groups: Callable[[str], None]
+) -> None:
+    groups("alice,bob")
+    bobs = submit(service, BOB, fixture_index)
+    settle_service(service, bobs, first_leak="1.0.7")
+    assert shown(service, BOB, bobs)["first_bad"] == "1.0.7"
+    mine = submit(service, ALICE, fixture_index)
+    settle_service(service, mine, first_leak="1.0.7")
+    answer = shown(service, ALICE, mine)
+    assert (answer["status"], answer["first_bad"]) == ("found", "1.0.7")
+    assert [c["version"] for c in answer["candidates"] if c["reused"]] == [
+        "1.0.5", "1.0.6", "1.0.7", "1.0.8", "1.0.9"
+    ]  # fmt: skip
+    assert answer["message"].splitlines()[-1] == (
+        "verdicts of 1.0.5, 1.0.6, 1.0.7, 1.0.8, 1.0.9 reused from an earlier job of this "
+        "trust group"
+    )
+    assert f"job {bobs}" not in answer["message"]
