@@ -44,6 +44,12 @@ MAX_VARIABLE_BYTES = 4096
 # `bisect-cli run`, this machine's) to say; the API also refuses minors no CPython has.
 PYTHON_VERSION = re.compile(r"3\.(?P<minor>\d{1,2})(\.\d{1,3})?")
 PYTHON_MINORS = range(8, 21)
+# Upper bounds of the options that multiply a job's cost (issue 26): runs per candidate
+# and the length of one run. Beyond them a job is not more careful, only a way to hold the
+# runners; --help and the API's schema show them, and the API refuses more (422).
+MAX_REPEATS = 20
+MAX_RUNS = 20
+MAX_TIMEOUT_S = 24 * 3600
 VARIABLE_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,127}")
 SCRIPT_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,99}\.py")
 
@@ -235,7 +241,7 @@ class JobOptions(SQLModel):
         help="Runs per candidate.",
         metavar="N",
         ge=1,
-        le=20,
+        le=MAX_REPEATS,
         verdict=False,
     )
     max_runs: int = option(
@@ -245,7 +251,7 @@ class JobOptions(SQLModel):
         verdict=False,  # only decisive, agreeing verdicts are reused (reuse rule 3)
         metavar="N",
         ge=1,
-        le=50,
+        le=MAX_RUNS,
     )
     timeout_s: float = option(
         600.0,
@@ -253,7 +259,7 @@ class JobOptions(SQLModel):
         help="Seconds one run may take before it is killed.",
         metavar="S",
         gt=0,
-        le=7 * 24 * 3600,
+        le=MAX_TIMEOUT_S,
     )
     memory_limit: int | None = option(
         None,

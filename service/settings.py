@@ -111,6 +111,24 @@ class Settings(BaseSettings):
     reap_interval_s: float = Field(default=5.0, ge=0)
     # A runner seen within this many seconds counts as a free slot for k-section.
     runner_live_s: float = Field(default=60.0, gt=0)
+    # Limits per owner (a token's name; every tokenless job is one owner), so that one
+    # tenant cannot fill the queue (issue 26): a submission beyond either is answered 429
+    # (service/policy.py). Active jobs are queued or running; queued trials wait for a runner.
+    max_active_jobs: int = Field(default=20, ge=1)
+    max_queued_trials: int = Field(default=200, ge=1)
+    # Limits per job: a range of more releases is refused at submission (413), and a job
+    # that needs more trials than its budget stops with an error (service/scheduler.py),
+    # so a runaway search ends instead of running for ever.
+    max_candidates: int = Field(default=500, ge=2)
+    max_trials_per_job: int = Field(default=1000, ge=1)
+    # Slow clients (`serve`, service/cli/serve.py): a request's head must arrive within
+    # header_timeout_s of the connection (or of the previous response), its body within
+    # body_timeout_s of its head, else the connection is closed; an idle keep-alive
+    # connection closes after keep_alive_s; beyond max_connections, requests get 503.
+    header_timeout_s: float = Field(default=10.0, gt=0)
+    body_timeout_s: float = Field(default=60.0, gt=0)
+    keep_alive_s: float = Field(default=5.0, gt=0)
+    max_connections: int = Field(default=1000, ge=1)
     # Base of the job URLs the API hands out (e.g. https://bisect.example.com);
     # default: the base URL of the request.
     public_url: str | None = None
