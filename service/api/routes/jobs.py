@@ -8,10 +8,12 @@ first job (200), whatever the body says this time.
 
 import hashlib
 import re
-from typing import Annotated
+from typing import Annotated, Any
 
 from fastapi import APIRouter, Header, Query, Request, Response, status
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import PlainTextResponse
+from pydantic import PlainValidator, ValidationError
 
 from contract.errors import InvalidInput
 from contract.wire import API_PREFIX, IDEMPOTENCY_HEADER
@@ -59,6 +61,26 @@ def idempotency_digest(caller: Caller, key: str | None) -> str | None:
     return hashlib.sha256(f"{caller.role}\n{caller.name or ''}\n{key}".encode()).hexdigest()
 
 
+# FastAPI validates a declared body on the event loop, before the route runs, and a job's
+# checks read up to three environment files (engine/baseenv.py: linear, but up to a few
+# tenths of a second of CPU): every other request, runner heartbeats included, would wait.
+# So the body is declared as `JobCreate` (the OpenAPI schema says so) but passed on as sent
+# (a dict, or whatever JSON came) and validated by `_checked`, in the worker thread this
+# sync route runs in.
+UncheckedJob = Annotated[
+    JobCreate, PlainValidator(lambda sent: sent, json_schema_input_type=JobCreate)
+]
+
+
+def _checked(body: Any) -> JobCreate:
+    """`body` validated as `JobCreate`; its errors answered as FastAPI's would be (422)."""
+    try:
+        return JobCreate.model_validate(body)
+    except ValidationError as exc:
+        errors = exc.errors(include_url=False, include_input=False)
+        raise RequestValidationError([{**e, "loc": ("body", *e["loc"])} for e in errors]) from None
+
+
 def _created(request: Request, settings: Settings, job: Job) -> JobCreated:
     assert job.id is not None
     return JobCreated(id=job.id, url=job_url(request, settings, job.id), status=job.status)
@@ -74,7 +96,7 @@ def _created(request: Request, settings: Settings, job: Job) -> JobCreated:
     },
 )
 def submit_job(
-    body: JobCreate,
+    body: UncheckedJob,
     request: Request,
     response: Response,
     session: SessionDep,
@@ -86,7 +108,7 @@ def submit_job(
     With an `Idempotency-Key` already used by this token: 200 and the first job, whatever
     this body says (a retry whose first answer was lost)."""
     digest = idempotency_digest(caller, idempotency_key)
-    job, created = actions.submit_job(session, settings, body, caller.name, digest)
+    job, created = actions.submit_job(session, settings, _checked(body), caller.name, digest)
     if not created:
         response.status_code = status.HTTP_200_OK
     return _created(request, settings, job)
