@@ -1,5 +1,6 @@
 """Parsing of human sizes such as `8G` or `512MiB` (pure)."""
 
+import math
 import re
 
 _UNITS = {
@@ -32,7 +33,11 @@ def parse_size(text: str | int) -> int:
     unit = match.group(2).lower() if match else ""
     if not match or unit not in _UNITS:
         raise ValueError(f"{text!r} is not {SIZE_HELP}")
-    value = int(float(match.group(1)) * _UNITS[unit])
+    number = float(match.group(1)) * _UNITS[unit]
+    if not math.isfinite(number):  # 400 digits: int() of the float's inf would overflow
+        shown = repr(text) if len(text) <= 40 else f"{text[:20]!r}... ({len(text)} characters)"
+        raise ValueError(f"{shown} is too large for a size")
+    value = int(number)
     if value <= 0:
         raise ValueError(f"{text!r} is not {SIZE_HELP}")
     return value

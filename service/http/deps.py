@@ -9,7 +9,7 @@ import logging
 from collections.abc import Iterator
 from typing import Annotated
 
-from fastapi import Depends, HTTPException, Request, status
+from fastapi import Depends, HTTPException, Path, Query, Request, status
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from sqlalchemy.engine import Engine
 from sqlmodel import Session
@@ -17,6 +17,7 @@ from sqlmodel import Session
 from service.access import OPEN, Caller, identify
 from service.db import get_engine
 from service.settings import Settings
+from service.store import MAX_ID
 
 log = logging.getLogger(__name__)
 
@@ -48,6 +49,13 @@ def get_session(engine: EngineDep) -> Iterator[Session]:
 
 SessionDep = Annotated[Session, Depends(get_session)]
 Credentials = Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)]
+
+# Rows a listing skips (the API's `offset`, the pages' `page` times their size) and a
+# trial's id in a path: SQL's BIGINT holds at most MAX_ID, and a larger number failed in
+# the database (500); bounded here it is a 422 naming the parameter.
+MAX_OFFSET = MAX_ID
+Offset = Annotated[int, Query(ge=0, le=MAX_OFFSET, description="rows to skip")]
+TrialIdPath = Annotated[int, Path(ge=1, le=MAX_ID)]
 
 
 def _refuse(request: Request, code: int, detail: str) -> HTTPException:

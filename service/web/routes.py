@@ -7,10 +7,10 @@ changed, or every 30 s when it cannot. Forms post back with a CSRF token and red
 confirmation page.
 """
 
-from typing import Any
+from typing import Annotated, Any
 from urllib.parse import parse_qsl, quote, urlencode
 
-from fastapi import APIRouter, Request
+from fastapi import APIRouter, Query, Request
 from fastapi.responses import (
     HTMLResponse,
     JSONResponse,
@@ -26,7 +26,7 @@ from contract.errors import Forbidden, InvalidInput, LeakbisectError
 from service import actions, store
 from service.access import Caller
 from service.db import get_engine
-from service.http.deps import site_url
+from service.http.deps import MAX_OFFSET, site_url
 from service.http.errors import http_status
 from service.markdown import headline, markdown_report
 from service.models import JobStatus
@@ -132,7 +132,6 @@ def _list_context(
     request: Request, caller: Caller, status: str, package: str, page: int
 ) -> dict[str, Any]:
     chosen = JobStatus(status) if status in STATUSES else None
-    page = max(1, page)
     owner = None if caller.sees_all else caller.name
     with Session(_engine(request)) as session:
         jobs, total = store.jobs_page(
@@ -162,8 +161,12 @@ def _list_context(
     }
 
 
+# A page of the job list: its offset, (page - 1) x PAGE_SIZE, within `Offset`'s bound.
+Page = Annotated[int, Query(ge=1, le=MAX_OFFSET // views.PAGE_SIZE)]
+
+
 @router.get("/", response_class=HTMLResponse)
-def job_list(request: Request, status: str = "", package: str = "", page: int = 1) -> Response:
+def job_list(request: Request, status: str = "", package: str = "", page: Page = 1) -> Response:
     caller = auth.web_caller(request)
     if caller is None:
         return _to_login(request)
@@ -172,7 +175,7 @@ def job_list(request: Request, status: str = "", package: str = "", page: int = 
 
 @router.get("/fragments/jobs", response_class=HTMLResponse)
 def job_list_fragment(
-    request: Request, status: str = "", package: str = "", page: int = 1
+    request: Request, status: str = "", package: str = "", page: Page = 1
 ) -> Response:
     caller = auth.web_caller(request)
     if caller is None:

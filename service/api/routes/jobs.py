@@ -19,7 +19,7 @@ from contract.errors import InvalidInput
 from contract.wire import API_PREFIX, IDEMPOTENCY_HEADER
 from service import actions, store, views
 from service.access import Caller
-from service.http.deps import ReaderDep, SessionDep, SettingsDep, WriterDep, site_url
+from service.http.deps import Offset, ReaderDep, SessionDep, SettingsDep, WriterDep, site_url
 from service.models import Job, JobStatus
 from service.schemas import (
     AgainRequest,
@@ -123,7 +123,7 @@ def list_jobs(
     status_: Annotated[JobStatus | None, Query(alias="status")] = None,
     package: Annotated[str | None, Query(max_length=200)] = None,
     limit: Annotated[int, Query(ge=1, le=500)] = 50,
-    offset: Annotated[int, Query(ge=0)] = 0,
+    offset: Offset = 0,
 ) -> JobPage:
     """Jobs, newest first, filtered by status and package (names compare as PEP 503);
     an API token sees the jobs it submitted, admin and view tokens see all."""

@@ -36,7 +36,7 @@ from contract.wire import (
     TrialReport,
 )
 from service import actions, kinds, queue, store
-from service.http.deps import EngineDep, RunnerAuth, SessionDep, SettingsDep
+from service.http.deps import EngineDep, RunnerAuth, SessionDep, SettingsDep, TrialIdPath
 from service.models import Candidate, Job, Runner
 from service.schemas import CompleteAck, ReturnAck
 from service.settings import Settings
@@ -148,7 +148,9 @@ async def lease_trial(
     engine: EngineDep,
     settings: SettingsDep,
     secret: SecretDep = None,
-    wait: Annotated[float, Query(ge=0, le=MAX_WAIT_S, description="long poll, seconds")] = 20,
+    wait: Annotated[
+        float, Query(ge=0, le=MAX_WAIT_S, allow_inf_nan=False, description="long poll, seconds")
+    ] = 20,
 ) -> Lease | Response:
     """Long poll for a trial: the queue is polled every 0.2 s until a claim succeeds or
     `wait` seconds pass (204). Async so that waiting runners hold no worker thread."""
@@ -171,7 +173,7 @@ STALE = {
 
 @router.post("/trials/{trial_id}/heartbeat", response_model=HeartbeatAck, responses=STALE)
 def heartbeat(
-    trial_id: int,
+    trial_id: TrialIdPath,
     body: Heartbeat,
     session: SessionDep,
     settings: SettingsDep,
@@ -189,7 +191,7 @@ def heartbeat(
 
 @router.post("/trials/{trial_id}/complete", response_model=CompleteAck, responses=STALE)
 def complete(
-    trial_id: int,
+    trial_id: TrialIdPath,
     report: TrialReport,
     session: SessionDep,
     settings: SettingsDep,
@@ -229,7 +231,7 @@ def complete(
 
 @router.post("/trials/{trial_id}/return", response_model=ReturnAck, responses=STALE)
 def return_trial(
-    trial_id: int, body: LeaseReturn, session: SessionDep, secret: SecretDep = None
+    trial_id: TrialIdPath, body: LeaseReturn, session: SessionDep, secret: SecretDep = None
 ) -> ReturnAck:
     """Give a lease back unfinished (the runner is stopping): queued again, no attempt used."""
     authenticate(session, secret, body.runner_id)

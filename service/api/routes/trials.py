@@ -11,9 +11,8 @@ from fastapi import APIRouter, Query
 from contract.series import downsample
 from contract.wire import MAX_REPORT_SAMPLES, Sample
 from service import store, views
-from service.http.deps import ReaderDep, SessionDep
+from service.http.deps import Offset, ReaderDep, SessionDep
 from service.schemas import TrialPublic, TrialSamples
-from service.store import MAX_ID
 
 router = APIRouter(prefix="/trials", tags=["trials"])
 
@@ -31,7 +30,7 @@ def get_trial_samples(
     trial_id: int,
     session: SessionDep,
     caller: ReaderDep,
-    offset: Annotated[int, Query(ge=0, le=MAX_ID)] = 0,
+    offset: Offset = 0,
     limit: Annotated[int, Query(ge=1, le=MAX_REPORT_SAMPLES)] = MAX_REPORT_SAMPLES,
     max_points: Annotated[
         int | None,
