@@ -48,9 +48,9 @@ MAX_ATTEMPT = (1 << 31) - 1
 MAX_EXIT_CODE = 255
 # A step marker's number or a count of samples: 2^62 leaves sums of a few within 64 bits.
 MAX_STEP = 1 << 62
-# Seconds a trial or its build can last: a job's timeout is at most 7 days (service
-# options), its build is bounded too; 30 days is a broken clock or a forgery. Finite
-# bounds also keep 2 x duration (the next run's hint, service/specs.py) finite.
+# Seconds a trial or its build can last: far above any job's timeout (a week at most,
+# service/options.py) plus its build; 30 days is a broken clock or a forgery. A finite
+# bound also keeps 2 x duration (the next run's hint, service/specs.py) finite.
 MAX_SECONDS = 30 * 24 * 3600.0
 # An error message, a resolution note: a few lines of uv's stderr (runners/uvrun.py keeps
 # its last 20); an 8 MB error once made a 16.8 MB job page.
