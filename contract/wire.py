@@ -55,6 +55,22 @@ MAX_SECONDS = 30 * 24 * 3600.0
 # An error message, a resolution note: a few lines of uv's stderr (runners/uvrun.py keeps
 # its last 20); an 8 MB error once made a 16.8 MB job page.
 MAX_ERROR = 16 * 1024
+
+
+def clip(text: str | None, limit: int = MAX_ERROR) -> str | None:
+    """`text` cut to the last `limit` characters, where the reason usually is (uv's and
+    git's stderr end with it): a runner clips its own messages so an honest report always
+    fits the bound the API holds every runner to (a longer one is refused as garbage)."""
+    if text is None or len(text) <= limit:
+        return text
+    cut = ""
+    while True:  # the note's own length changes how much is cut: settle it
+        note = f"[... {len(text) - (limit - len(cut))} characters cut ...]\n"
+        if note == cut:
+            return cut + text[-(limit - len(cut)) :]
+        cut = note
+
+
 # One requirement or `name==version` pin (the same cap as a job's requirements).
 MAX_LINE = 2000
 # Pins or frozen packages of one environment (the resolve report's cap).

@@ -67,6 +67,7 @@ from contract.wire import (
     RunnerRegister,
     Sample,
     TrialReport,
+    clip,
 )
 from runners.client import ApiClient, ApiError, ApiUnreachable, StaleLeaseError
 from runners.nvml import GpuProbe
@@ -177,7 +178,7 @@ class _Trial:
                 trial_id=self.spec.trial_id,
                 attempt=self.spec.attempt,
                 env=EnvResult(ok=True),
-                error=f"runner: {type(exc).__name__}: {exc}",
+                error=clip(f"runner: {type(exc).__name__}: {exc}"),
             )
 
     def on_start(self, kill: Kill) -> None:

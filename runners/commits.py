@@ -80,6 +80,7 @@ from contract.wire import (
     EnvResult,
     TrialReport,
     TrialSpec,
+    clip,
 )
 from runners import gitcache, gitrun
 from runners.users import Identity, blocked_by, identities
@@ -395,7 +396,7 @@ def report(spec: TrialSpec, answered: dict[str, Any]) -> TrialReport:
     listed = answered.get("commits")
     if not isinstance(listed, list):
         error = str(answered.get("error") or "listing the commits failed")
-        env = EnvResult(ok=False, error=error, seconds=seconds)
+        env = EnvResult(ok=False, error=clip(error), seconds=seconds)
         return TrialReport(trial_id=spec.trial_id, attempt=spec.attempt, env=env)
     commits = [CommitInfo.model_validate(c) for c in listed]
     env = EnvResult(ok=True, seconds=seconds)

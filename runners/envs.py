@@ -68,7 +68,7 @@ from contract import outbound
 from contract.envargs import index_args, utc
 from contract.errors import Unavailable
 from contract.paths import uv_cache_dir
-from contract.wire import EnvResult, EnvSpec
+from contract.wire import EnvResult, EnvSpec, clip
 from runners import publish, safefs
 from runners.publish import PublishError, create_file, owner_key, replace_file
 from runners.sandbox import give, private_dir
@@ -469,6 +469,9 @@ class _Build:
         return _venv_python(self.venv)
 
     def result(self, **kw: Any) -> EnvResult:
+        for text in ("error", "resolution_note"):  # uv's stderr can be any length
+            if text in kw:
+                kw[text] = clip(kw[text])
         return EnvResult(seconds=round(time.monotonic() - self.started, 3), **kw)
 
     def uv(self, *args: str, timeout: float = QUICK_TIMEOUT_S) -> subprocess.CompletedProcess[str]:

@@ -39,7 +39,16 @@ from typing import Any, ClassVar
 
 from pydantic import BaseModel
 
-from contract.wire import CommitRange, EnvResult, EnvSpec, Tracer, TrialKind, TrialReport, TrialSpec
+from contract.wire import (
+    CommitRange,
+    EnvResult,
+    EnvSpec,
+    Tracer,
+    TrialKind,
+    TrialReport,
+    TrialSpec,
+    clip,
+)
 from runners import commits, tracing
 from runners.envs import EnvError, build_env, resolve_pins
 
@@ -73,7 +82,7 @@ def _build(env: EnvSpec, dirs: Dirs, owner: str | None, log: Log | None) -> dict
     try:
         result = build_env(env, root=dirs.env_root, cache_dir=dirs.uv_cache, log=log, owner=owner)
     except EnvError as exc:
-        result = EnvResult(ok=False, error=str(exc))
+        result = EnvResult(ok=False, error=clip(str(exc)))
     return result.model_dump(mode="json")
 
 
@@ -110,7 +119,7 @@ def built_env(answer: dict[str, Any]) -> EnvResult:
     """The build phase's `EnvResult`, or a failed one from an answer that is none."""
     if "ok" in answer:
         return EnvResult.model_validate(answer)
-    return EnvResult(ok=False, error=str(answer.get("error") or "build failed"),
+    return EnvResult(ok=False, error=clip(str(answer.get("error") or "build failed")),
                      seconds=float(answer.get("seconds") or 0.0))  # fmt: skip
 
 

@@ -29,7 +29,7 @@ from pathlib import Path
 from contract.errors import InvalidInput
 from contract.executor import Kill
 from contract.series import downsample
-from contract.wire import MAX_REPORT_SAMPLES, EnvResult, Sample, TrialReport, TrialSpec
+from contract.wire import MAX_REPORT_SAMPLES, EnvResult, Sample, TrialReport, TrialSpec, clip
 from runners import tracing
 from runners.envs import prepare_dirs
 from runners.executor import run_script
@@ -98,7 +98,7 @@ def execute_trial(
         run, profile = _run(spec, ready.python, gpu, on_sample, on_start)
     except InvalidInput as exc:  # a BISECT_* variable: nothing ran
         return TrialReport(
-            trial_id=spec.trial_id, attempt=spec.attempt, env=ready.env, error=exc.detail()
+            trial_id=spec.trial_id, attempt=spec.attempt, env=ready.env, error=clip(exc.detail())
         )
     return _report(spec, ready.env, run).model_copy(update={"attribution": profile})
 
@@ -178,7 +178,7 @@ def _report(spec: TrialSpec, env: EnvResult, run: Execution) -> TrialReport:
         steps=steps,
         gpu_source=run.gpu_source,
         host_source=run.host_source,
-        error=run.error,
+        error=clip(run.error),
         stopped_early=run.stopped_early,
         early_stop=run.early_stop,
         missing_protections=run.missing_protections,

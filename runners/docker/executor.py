@@ -44,7 +44,7 @@ from typing import Any
 
 from contract.errors import InvalidInput, Unavailable
 from contract.executor import Kill
-from contract.wire import Sample, TrialReport, TrialSpec
+from contract.wire import Sample, TrialReport, TrialSpec, clip
 from runners import commits, tracing
 from runners.docker.cgroup import DEFAULT_ROOT
 from runners.docker.spec import (
@@ -214,7 +214,10 @@ class DockerExecutor:
             run, profile = self._run(spec, ready.python, kill, on_sample, ready.tracer)
         except InvalidInput as exc:  # a BISECT_* variable: nothing ran
             return TrialReport(
-                trial_id=spec.trial_id, attempt=spec.attempt, env=ready.env, error=exc.detail()
+                trial_id=spec.trial_id,
+                attempt=spec.attempt,
+                env=ready.env,
+                error=clip(exc.detail()),
             )
         return _report(spec, ready.env, run).model_copy(update={"attribution": profile})
 

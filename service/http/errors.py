@@ -49,7 +49,10 @@ def http_status(exc: LeakbisectError) -> int:
 
 
 def _field(loc: tuple[Any, ...] | list[Any]) -> str:
-    parts = [str(p) for p in loc if p not in ("body", "query", "path", "header", "cookie")]
+    # Only the first element says where the value came from: a field may itself be named
+    # `path` (an environment's `env.path`), and it must keep its name.
+    where = ("body", "query", "path", "header", "cookie")
+    parts = [str(p) for p in (loc[1:] if loc and loc[0] in where else loc)]
     return ".".join(parts) or (str(loc[0]) if loc else "request")
 
 
