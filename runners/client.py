@@ -195,6 +195,10 @@ class ApiClient:
             json = json.model_dump(mode="json")
         if params:
             params = {k: v for k, v in params.items() if v is not None}
+        if method != "GET" and json is None:
+            # The API takes JSON only on what changes state, a bodyless POST included
+            # (its CSRF rule: service/http/guard.py).
+            headers = {"Content-Type": "application/json", **(headers or {})}
         retries = self.retries if retries is None else retries
         attempt = 0
         while True:

@@ -155,7 +155,10 @@ def register(client: TestClient, name: str, gpus: int = 0) -> str:
 
 def lease(client: TestClient, runner_id: str, wait: float = 0) -> dict[str, Any] | None:
     response = client.post(
-        f"{API}/runners/{runner_id}/lease", params={"wait": wait}, headers=as_runner(runner_id)
+        f"{API}/runners/{runner_id}/lease",
+        params={"wait": wait},
+        json={},
+        headers=as_runner(runner_id),
     )
     if response.status_code == 204:
         return None
@@ -345,7 +348,7 @@ def test_a_base_env_is_the_pins_without_a_resolve_trial(
 
 def test_list_filters_and_pages(client: TestClient, fixture_index: str) -> None:
     ids = [submit(client, fixture_index, reuse_verdicts=False)["id"] for _ in range(3)]
-    assert client.post(f"{API}/jobs/{ids[1]}/cancel").status_code == 200
+    assert client.post(f"{API}/jobs/{ids[1]}/cancel", json={}).status_code == 200
 
     page = client.get(f"{API}/jobs", params={"limit": 2}).json()
     assert (page["total"], page["limit"], page["offset"]) == (3, 2, 0)
@@ -376,9 +379,11 @@ def test_unknown_ids_are_404(client: TestClient) -> None:
     ]:
         response = client.get(f"{API}/{path}")
         assert (response.status_code, response.json()) == (404, {"detail": f"{what} not found"})
-    assert client.post(f"{API}/jobs/99/cancel").status_code == 404
+    assert client.post(f"{API}/jobs/99/cancel", json={}).status_code == 404
     nobody = {"X-Runner-Secret": "not-a-secret"}
-    response = client.post(f"{API}/runners/r-nobody/lease", params={"wait": 0}, headers=nobody)
+    response = client.post(
+        f"{API}/runners/r-nobody/lease", params={"wait": 0}, json={}, headers=nobody
+    )
     assert response.status_code == 404
     assert response.json()["detail"] == "runner r-nobody is not registered; register again"
 
@@ -612,7 +617,7 @@ def test_return_and_leave_requeue_without_using_an_attempt(
     trial = client.get(f"{API}/trials/{trial_id}").json()
     assert (trial["status"], trial["attempt"], trial["runner_id"]) == ("queued", 0, None)
     left = client.post(
-        f"{API}/runners/{second}/lease", params={"wait": 0}, headers=as_runner(second)
+        f"{API}/runners/{second}/lease", params={"wait": 0}, json={}, headers=as_runner(second)
     )
     assert left.status_code == 404
     nobody = {"X-Runner-Secret": "not-a-secret"}
@@ -642,7 +647,7 @@ def test_cancel(client: TestClient, fixture_index: str) -> None:
     assert held is not None
     trial_id = held["trial"]["trial_id"]
 
-    response = client.post(f"{API}/jobs/{created['id']}/cancel")
+    response = client.post(f"{API}/jobs/{created['id']}/cancel", json={})
     assert response.status_code == 200
     shown = response.json()
     assert shown["status"] == "cancelled" and shown["finished_at"] is not None
@@ -656,7 +661,7 @@ def test_cancel(client: TestClient, fixture_index: str) -> None:
     )
     assert complete(client, held, runners[0]).status_code == 409
     assert lease(client, runners[1]) is None
-    response = client.post(f"{API}/jobs/{created['id']}/cancel")
+    response = client.post(f"{API}/jobs/{created['id']}/cancel", json={})
     assert (response.status_code, response.json()) == (
         409,
         {"detail": f"job {created['id']} has already finished (cancelled)"},
@@ -709,7 +714,7 @@ def test_partial_reuse_runs_only_what_is_unknown(client: TestClient, fixture_ind
         held = lease(client, runner)
         assert held is not None
         assert complete(client, held, runner).status_code == 200
-    assert client.post(f"{API}/jobs/{first['id']}/cancel").status_code == 200
+    assert client.post(f"{API}/jobs/{first['id']}/cancel", json={}).status_code == 200
 
     second = submit(client, fixture_index)
     shown = job(client, second["id"])

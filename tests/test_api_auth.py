@@ -102,7 +102,8 @@ def test_tokens_of_the_other_kind_are_403(client: TestClient, fixture_index: str
             403,
             {"detail": "an API token cannot be used on runner endpoints"},
         )
-        assert client.post(f"{API}/runners/r-1/lease", headers=bearer(token)).status_code == 403
+        leased = client.post(f"{API}/runners/r-1/lease", json={}, headers=bearer(token))
+        assert leased.status_code == 403
         response = client.post(
             f"{API}/trials/1/heartbeat",
             json={"runner_id": "r-1", "attempt": 1},
@@ -121,7 +122,9 @@ def test_the_right_tokens_work(client: TestClient, fixture_index: str) -> None:
     runner_id = runner.json()["runner_id"]
     # The runner token opens the endpoints; the runner's own secret says which runner it is.
     as_runner = bearer(RUNNER_TOKEN) | {"X-Runner-Secret": runner.json()["runner_secret"]}
-    lease = client.post(f"{API}/runners/{runner_id}/lease", params={"wait": 0}, headers=as_runner)
+    lease = client.post(
+        f"{API}/runners/{runner_id}/lease", params={"wait": 0}, json={}, headers=as_runner
+    )
     assert lease.status_code == 200
     trial = lease.json()["trial"]
     beat = client.post(

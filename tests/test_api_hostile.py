@@ -286,21 +286,25 @@ def test_a_token_reads_and_cancels_its_own_jobs_only(
     listed = client.get(f"{API}/jobs", headers=auth(ALICE)).json()
     assert [(j["id"], j["owner"]) for j in listed["items"]] == [(mine, "alice")]
     assert client.get(f"{API}/jobs/{theirs}", headers=auth(ALICE)).status_code == 404
-    assert client.post(f"{API}/jobs/{theirs}/cancel", headers=auth(ALICE)).status_code == 404
+    assert (
+        client.post(f"{API}/jobs/{theirs}/cancel", json={}, headers=auth(ALICE)).status_code == 404
+    )
     assert client.get(f"{API}/trials/2", headers=auth(ALICE)).status_code == 404  # bob's trial
     assert client.get(f"{API}/trials/1", headers=auth(ALICE)).status_code == 200
 
     everything = client.get(f"{API}/jobs", headers=auth(VIEWER)).json()["items"]
     assert [j["id"] for j in everything] == [theirs, mine]
-    refused = client.post(f"{API}/jobs/{mine}/cancel", headers=auth(VIEWER))
+    refused = client.post(f"{API}/jobs/{mine}/cancel", json={}, headers=auth(VIEWER))
     assert (refused.status_code, refused.json()) == (403, {"detail": "a view token can only read"})
     assert (
         client.post(f"{API}/jobs", json=job_body(fixture_index), headers=auth(VIEWER)).status_code
         == 403
     )
 
-    assert client.post(f"{API}/jobs/{theirs}/cancel", headers=auth(ADMIN)).status_code == 200
-    assert client.post(f"{API}/jobs/{mine}/cancel", headers=auth(ALICE)).status_code == 200
+    assert (
+        client.post(f"{API}/jobs/{theirs}/cancel", json={}, headers=auth(ADMIN)).status_code == 200
+    )
+    assert client.post(f"{API}/jobs/{mine}/cancel", json={}, headers=auth(ALICE)).status_code == 200
 
 
 # --------------------------------------------------------------------------- hosts

@@ -72,7 +72,9 @@ def test_runner_b_cannot_act_for_runner_a(client: TestClient, fixture_index: str
         (post(f"/trials/{trial_id}/complete", forged, b), 403, not_a),
         (post(f"/trials/{trial_id}/return", {"runner_id": a, "attempt": attempt}, b), 403, not_a),
         (
-            client.post(f"{API}/runners/{a}/lease", params={"wait": 0}, headers=as_runner(b)),
+            client.post(
+                f"{API}/runners/{a}/lease", params={"wait": 0}, json={}, headers=as_runner(b)
+            ),
             403,
             f"runner_id: {a} is not the runner this X-Runner-Secret was issued to",
         ),
@@ -312,6 +314,7 @@ def test_hostile_headers_are_4xx(client: TestClient, fixture_index: str) -> None
             client.post(
                 f"{API}/runners/{runner}/lease",
                 params={"wait": 0},
+                json={},
                 headers={"X-Runner-Secret": "x" * 201},
             ),
             422,

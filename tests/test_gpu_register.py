@@ -48,7 +48,9 @@ SECRETS: dict[str, str] = {}  # runner id -> the secret its registration returne
 
 def lease(client: TestClient, runner_id: str) -> dict | None:
     secret = {"X-Runner-Secret": SECRETS[runner_id]}
-    response = client.post(f"{API}/runners/{runner_id}/lease", params={"wait": 0}, headers=secret)
+    response = client.post(
+        f"{API}/runners/{runner_id}/lease", params={"wait": 0}, json={}, headers=secret
+    )
     if response.status_code == 204:
         return None
     assert response.status_code == 200, response.text

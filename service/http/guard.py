@@ -9,16 +9,25 @@ In this order, for every HTTP request:
 2. Token. With tokens configured, a request under the API prefix without a bearer token
    that matches a configured one is refused (401) before its body is read; the route's
    own dependency then checks the token's role (service/http/deps.py).
-3. Size. The body may be at most `limit_for(method, path)` bytes: a Content-Length above
-   it is refused at once, and a body sent without one (chunked) is read up to the limit
-   and refused (413) as soon as it passes it, so the server never holds more than the
-   limit of any request. The body read is then handed to the route unchanged.
+3. Same site. A request that changes something under the API prefix (any method but
+   GET, HEAD and OPTIONS), token or not, is refused (403) when `cross_site` says another
+   site sent it. The web forms obey the same rule (service/web/auth.py `csrf_ok`).
+4. Size, then JSON only. The body may be at most `limit_for(method, path)` bytes: a
+   Content-Length above it is refused at once (413). Then such a request, if a POST or
+   if it has a body, must say `Content-Type: application/json` (415): no page on another
+   site may send that type without the browser asking first (a CORS preflight, which
+   this server never grants), so no form, `fetch(..., {mode: "no-cors"})` or bodyless
+   POST of a foreign page reaches a route; DELETE, PUT and PATCH are preflighted anyway.
+   A body sent without a length (chunked) is read up to the limit and refused (413) as
+   soon as it passes it, so the server never holds more than the limit of any request.
+   The body read is then handed to the route unchanged.
 """
 
 import json
 import re
-from collections.abc import Awaitable, Callable, MutableMapping
+from collections.abc import Awaitable, Callable, Mapping, MutableMapping
 from typing import Any
+from urllib.parse import urlsplit
 
 from contract.wire import API_PREFIX
 from service.access import identify
@@ -65,6 +74,48 @@ async def _answer(
     await send({"type": "http.response.body", "body": body})
 
 
+SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
+# Sec-Fetch-Site values a browser sends for a request this site's own page (or the user,
+# typing the address) made; "same-site" is a sibling host, "cross-site" any other.
+OWN_FETCH_SITES = frozenset({"same-origin", "none"})
+JSON_TYPE = "application/json"
+
+
+def cross_site(headers: Mapping[str, str]) -> str | None:
+    """Why another site sent this request (one line), or None when nothing says so.
+
+    `Sec-Fetch-Site` other than same-origin or none, or an `Origin` that is not the Host
+    the request was sent to ("null", from a sandboxed frame or a file, is no site of ours
+    either). Clients that are no browser (the CLI, runners) send neither.
+    """
+    fetch_site = headers.get("sec-fetch-site", "").strip().lower()
+    if fetch_site and fetch_site not in OWN_FETCH_SITES:
+        return f"cross-site request refused (Sec-Fetch-Site: {fetch_site[:40]})"
+    origin = headers.get("origin")
+    if origin is not None:
+        try:
+            netloc = urlsplit(origin.strip()).netloc.lower()
+        except ValueError:  # a malformed IPv6 literal
+            netloc = ""
+        if not netloc or netloc != headers.get("host", "").strip().lower():
+            return f"cross-site request refused: Origin {origin[:100]!r} is not this server"
+    return None
+
+
+def _not_json(method: str, headers: Mapping[str, str]) -> str | None:
+    """Why a state-changing request's content type is refused, or None."""
+    has_body = headers.get("content-length", "0") not in ("", "0") or (
+        "transfer-encoding" in headers
+    )
+    if method != "POST" and not has_body:
+        return None  # a bodyless DELETE: browsers preflight it, nothing to read
+    given = headers.get("content-type", "")
+    if given.split(";", 1)[0].strip().lower() == JSON_TYPE:
+        return None
+    shown = given.split(";", 1)[0].strip()[:60] or "none"
+    return f"Content-Type: must be {JSON_TYPE}, even with no body (got {shown})"
+
+
 def _host(headers: dict[str, str]) -> str:
     host = headers.get("host", "")
     if host.startswith("["):  # [::1]:8000
@@ -91,6 +142,10 @@ class Guard:
         length = headers.get("content-length", "")
         if length.isdigit() and int(length) > limit:
             return await _answer(send, *_too_large(limit, scope["path"]))
+        if scope["path"].startswith(API_PREFIX) and scope["method"] not in SAFE_METHODS:
+            wrong_type = _not_json(scope["method"], headers)
+            if wrong_type is not None:
+                return await _answer(send, 415, wrong_type)
         body = await _read(receive, limit)
         if body is None:
             return await _answer(send, *_too_large(limit, scope["path"]))
@@ -109,14 +164,19 @@ class Guard:
                     f"answers only to {', '.join(settings.trusted_hosts)} (BISECT_TRUSTED_HOSTS)",
                     None,
                 )
-            return None
         if not scope["path"].startswith(API_PREFIX):
             return None
-        scheme, _, token = headers.get("authorization", "").partition(" ")
-        if scheme.lower() != "bearer" or not token.strip():
-            return 401, "missing bearer token (Authorization: Bearer TOKEN)", _CHALLENGE
-        if identify(settings, token.strip()) is None:
-            return 401, "invalid bearer token", _CHALLENGE
+        if settings.auth_enabled:
+            scheme, _, token = headers.get("authorization", "").partition(" ")
+            if scheme.lower() != "bearer" or not token.strip():
+                return 401, "missing bearer token (Authorization: Bearer TOKEN)", _CHALLENGE
+            if identify(settings, token.strip()) is None:
+                return 401, "invalid bearer token", _CHALLENGE
+        if scope["method"] in SAFE_METHODS:
+            return None
+        foreign = cross_site(headers)
+        if foreign is not None:
+            return 403, foreign, None
         return None
 
 
