@@ -56,15 +56,21 @@ def _match(token: str, configured: list[SecretStr]) -> SecretStr | None:
     return found
 
 
-def identify(settings: Settings, token: str) -> Caller | None:
-    """The caller a bearer token stands for, or None when it is no configured token."""
-    found: Caller | None = None
-    for role, tokens in (
+def token_lists(settings: Settings) -> list[tuple[Role, list[SecretStr]]]:
+    """Every configured token list with the role it gives, in the order that decides the
+    role of a token listed twice (the first list wins)."""
+    return [
         ("client", settings.api_tokens),
         ("admin", settings.admin_tokens),
         ("viewer", settings.view_tokens),
         ("runner", settings.runner_tokens),
-    ):
+    ]
+
+
+def identify(settings: Settings, token: str) -> Caller | None:
+    """The caller a bearer token stands for, or None when it is no configured token."""
+    found: Caller | None = None
+    for role, tokens in token_lists(settings):
         match = _match(token, tokens)
         if match is not None and found is None:
             found = Caller(role, getattr(match, "name", None))  # type: ignore[arg-type]

@@ -8,13 +8,21 @@ heartbeat while the API was down: `service.queue.renew_leases`), then run the
 maintenance thread (service/maintenance.py) until shutdown.
 
 Errors are always `{"detail": "one line"}` (service/http/errors.py).
+
+`/docs` is the API reference rendered here from the OpenAPI schema (`/openapi.json`) as
+plain HTML with the status page's security headers (its CSP, no framing): FastAPI's
+Swagger UI and ReDoc pages load their scripts from a CDN and carry no CSP, so they are
+off. The schema itself is what clients and tools read.
 """
 
+import html
 import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from typing import Any
 
 from fastapi import FastAPI
+from fastapi.responses import HTMLResponse
 from sqlmodel import Session
 
 from contract.wire import API_PREFIX
@@ -26,6 +34,8 @@ from service.http.guard import Guard
 from service.maintenance import Maintenance
 from service.settings import Settings, get_settings
 from service.web import install as install_web
+from service.web.auth import session_key
+from service.web.render import SECURITY_HEADERS
 
 log = logging.getLogger(__name__)
 
@@ -39,6 +49,8 @@ def create_app(settings: Settings | None = None, *, migrate: bool = True) -> Fas
         url = settings.effective_database_url
         if migrate:
             upgrade(url)
+        if settings.auth_enabled:
+            session_key(settings)  # made or read now: a bad key file fails the start
         with Session(get_engine(url)) as session:
             renewed = queue.renew_leases(session, lease_s=settings.lease_s)
         if renewed:
@@ -57,7 +69,8 @@ def create_app(settings: Settings | None = None, *, migrate: bool = True) -> Fas
         summary="Find the first release of a dependency that leaks memory.",
         version="1",
         lifespan=lifespan,
-        docs_url="/docs",
+        docs_url=None,  # ours below: no CDN, the pages' headers
+        redoc_url=None,
         openapi_url="/openapi.json",
     )
     app.state.settings = settings
@@ -65,4 +78,35 @@ def create_app(settings: Settings | None = None, *, migrate: bool = True) -> Fas
     app.add_middleware(Guard, settings=settings)
     app.include_router(api_router, prefix=API_PREFIX)
     install_web(app)  # the status page at / (service/web/)
+
+    @app.get("/docs", include_in_schema=False)
+    def docs() -> HTMLResponse:
+        return HTMLResponse(reference_page(app.openapi()), headers=SECURITY_HEADERS)
+
     return app
+
+
+def reference_page(schema: dict[str, Any]) -> str:
+    """The API reference as HTML: every route's method, path, summary and parameters;
+    every text escaped (a route's description is ours, but the rule is one)."""
+    e = html.escape
+    info = schema.get("info", {})
+    rows = []
+    for path, methods in schema.get("paths", {}).items():
+        for method, op in methods.items():
+            params = ", ".join(e(p.get("name", "")) for p in op.get("parameters", []))
+            body = " (JSON body)" if "requestBody" in op else ""
+            rows.append(
+                f"<h2><code>{e(method.upper())} {e(path)}</code></h2>"
+                f"<p>{e(op.get('summary', ''))}{e(body)}</p>"
+                + (f"<p>parameters: {params}</p>" if params else "")
+                + f"<p>{e(op.get('description', ''))}</p>"
+            )
+    return (
+        '<!doctype html><html lang="en"><head><meta charset="utf-8">'
+        f"<title>{e(info.get('title', 'API'))} API</title>"
+        '<link rel="stylesheet" href="/static/app.css"></head><body><main>'
+        f"<h1>{e(info.get('title', 'API'))} API {e(str(info.get('version', '')))}</h1>"
+        f"<p>{e(info.get('summary', ''))} The schema: "
+        '<a href="/openapi.json">/openapi.json</a>.</p>' + "".join(rows) + "</main></body></html>"
+    )

@@ -102,6 +102,24 @@ class Settings(BaseSettings):
     trusted_hosts: Annotated[list[str], NoDecode] = Field(
         default_factory=lambda: ["127.0.0.1", "localhost", "::1"]
     )
+    # The status page's session cookies (service/web/auth.py) are signed with this key;
+    # unset, a random one is made on first use and kept in data_dir/session.key (0600), so
+    # a cookie never follows from the tokens and survives a restart. Set it (32+ characters)
+    # when several hosts serve one site.
+    secret_key: SecretStr | None = None
+    # Cookies are always Secure with this set (a TLS proxy in front), else only when the
+    # request came over https, as the connection or a proxy from forwarded_allow_ips says
+    # (its X-Forwarded-Proto and X-Forwarded-For, read by uvicorn; "*" trusts any).
+    secure_cookies: bool = False
+    forwarded_allow_ips: str = "127.0.0.1"
+    # Login guesses (per client address, service/web/auth.py): after this many failures in
+    # a row the next try must wait 1 s, and each further failure doubles the wait up to
+    # login_max_delay_s; a try too soon is answered 429 with Retry-After.
+    login_free_failures: int = Field(default=5, ge=1)
+    login_max_delay_s: float = Field(default=300.0, gt=0)
+    # Live event streams (the status page's SSE, service/web/events.py) one client may hold
+    # open at once, per server process; the next is answered 429.
+    max_streams: int = Field(default=8, ge=1)
     # Leases: a runner must heartbeat (every heartbeat_s) before lease_s passes, or
     # the reaper (every reap_interval_s; 0 turns the background thread off) requeues
     # its trial; after max_attempts expired leases the trial is an error.
@@ -146,6 +164,16 @@ class Settings(BaseSettings):
     def _split_hosts(cls, value: Any) -> Any:
         if isinstance(value, str):
             return [host.strip().lower() for host in value.split(",") if host.strip()]
+        return value
+
+    @field_validator("secret_key")
+    @classmethod
+    def _long_enough(cls, value: SecretStr | None) -> SecretStr | None:
+        if value is not None and len(value.get_secret_value()) < 32:
+            raise ValueError(
+                "at least 32 characters, e.g. from "
+                "python -c 'import secrets; print(secrets.token_urlsafe(32))'"
+            )
         return value
 
     @field_validator("api_tokens", "admin_tokens", "view_tokens", "runner_tokens", mode="before")

@@ -406,6 +406,9 @@ class _Api:
             ),
             "timeout_keep_alive": settings.keep_alive_s,
             "limit_concurrency": settings.max_connections,
+            # Whose X-Forwarded-Proto/-For to believe (https for Secure cookies, the client
+            # address for the login throttle): service/web/auth.py.
+            "forwarded_allow_ips": settings.forwarded_allow_ips,
         }
         if workers > 1:
             # Spawned workers read their settings from the environment.

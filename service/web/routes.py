@@ -22,7 +22,7 @@ from fastapi.responses import (
 from pydantic import ValidationError
 from sqlmodel import Session
 
-from contract.errors import Forbidden, InvalidInput, LeakbisectError
+from contract.errors import Forbidden, InvalidInput, LeakbisectError, LimitExceeded
 from service import actions, store
 from service.access import Caller
 from service.db import get_engine
@@ -34,7 +34,7 @@ from service.schemas import AgainRequest
 from service.settings import Settings
 from service.views import job_markdown, job_public, progress_of, readable_job
 from service.web import auth, views
-from service.web.events import Watcher, stream
+from service.web.events import Stream, Watcher
 from service.web.render import render
 
 router = APIRouter(include_in_schema=False)
@@ -102,12 +102,17 @@ async def login(request: Request) -> Response:
             403,
         )
     settings = _settings(request)
-    caller = auth.login(settings, form.get("token", ""))
+    try:
+        caller = auth.attempt_login(request, form.get("token", ""))
+    except LimitExceeded as exc:  # throttled: 429 with Retry-After, the token not compared
+        refused = _error(request, None, exc)
+        refused.headers["Retry-After"] = str(exc.retry_after_s)
+        return refused
     if caller is None:
         context = {"caller": None, "next": _safe_next(form.get("next", "/")), "failed": True}
         return render(request, "login.html", context, 401)
     response = RedirectResponse(_safe_next(form.get("next", "/")), status_code=303)
-    auth.set_session(response, request, auth.session_value(settings, caller, form["token"].strip()))
+    auth.set_session(response, request, auth.session_value(settings, form["token"].strip()))
     return response
 
 
@@ -352,25 +357,37 @@ async def again_post(request: Request, job_id: int) -> Response:
 
 def _watcher(request: Request) -> Watcher:
     app = request.app
-    url = _settings(request).effective_database_url
+    settings = _settings(request)
     watcher = getattr(app.state, "web_watcher", None)
     if watcher is None:
-        watcher = app.state.web_watcher = Watcher(get_engine(url))
+        watcher = Watcher(
+            get_engine(settings.effective_database_url), max_streams=settings.max_streams
+        )
+        app.state.web_watcher = watcher
     return watcher
 
 
-def _sse(request: Request, event: str, job_id: int | None) -> StreamingResponse:
-    body = stream(_watcher(request), event, job_id, request.is_disconnected)
+def _sse(request: Request, caller: Caller, event: str, job_id: int | None) -> Response:
+    # One client: a token's name, or with no tokens the address (service/web/events.py).
+    client = caller.name or (request.client.host if request.client else "unknown")
+    watcher = _watcher(request)
+    try:
+        watcher.open_stream(client)
+    except LimitExceeded as exc:
+        headers = {"Retry-After": str(exc.retry_after_s)}
+        return PlainTextResponse(exc.detail(), status_code=http_status(exc), headers=headers)
+    body = Stream(watcher, client, caller, event, job_id, request.is_disconnected)
     headers = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
     return StreamingResponse(body, media_type="text/event-stream", headers=headers)
 
 
 @router.get("/events")
 def list_events(request: Request) -> Response:
-    """`event: jobs` whenever any job the list may show changes."""
-    if auth.web_caller(request) is None:
+    """`event: jobs` whenever a job the caller may read changes."""
+    caller = auth.web_caller(request)
+    if caller is None:
         return _unauthorized()
-    return _sse(request, "jobs", None)
+    return _sse(request, caller, "jobs", None)
 
 
 @router.get("/events/jobs/{job_id}")
@@ -384,4 +401,4 @@ def job_events(request: Request, job_id: int) -> Response:
             readable_job(session, job_id, caller)
     except LeakbisectError as exc:
         return PlainTextResponse(exc.detail(), status_code=http_status(exc))
-    return _sse(request, "changed", job_id)
+    return _sse(request, caller, "changed", job_id)
