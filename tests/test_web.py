@@ -140,7 +140,9 @@ def site(
     tmp_path_factory: pytest.TempPathFactory, reachable_dir: Any, uv_cache: Path
 ) -> Iterator[Site]:
     home = tmp_path_factory.mktemp("web")
-    env = service_env(home, reachable_dir, uv_cache)
+    # The page shows a job in every state, 30 of them queued or running for the one
+    # tokenless owner: above the default per-owner limit, which test_owner_limits tests.
+    env = service_env(home, reachable_dir, uv_cache, BISECT_MAX_ACTIVE_JOBS="100")
     db, report = example_db(reachable_dir("web-example"), env)
     url = copy_db(db, home / "web.db")
     ids = {name: add_job(url, **kw) for name, kw in STATES.items()}  # type: ignore[arg-type]
