@@ -22,7 +22,7 @@ from pydantic import (
 )
 
 from contract.wire import Sample
-from service.options import JobOptions
+from service.options import MAX_REPEATS, JobOptions
 
 
 class JobCreate(JobOptions):
@@ -62,7 +62,7 @@ class AgainRequest(BaseModel):
 
     model_config = {"extra": "forbid"}
 
-    repeats: Annotated[int | None, Field(ge=1, le=20)] = None
+    repeats: Annotated[int | None, Field(ge=1, le=MAX_REPEATS)] = None
     candidate: Annotated[str | None, Field(max_length=200)] = None
 
 

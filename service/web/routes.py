@@ -21,6 +21,7 @@ from fastapi.responses import (
 )
 from pydantic import ValidationError
 from sqlmodel import Session
+from starlette.concurrency import run_in_threadpool
 
 from contract.errors import Forbidden, InvalidInput, LeakbisectError, LimitExceeded
 from service import actions, store
@@ -30,6 +31,7 @@ from service.http.deps import MAX_OFFSET, site_url
 from service.http.errors import http_status
 from service.markdown import headline, markdown_report
 from service.models import JobStatus
+from service.options import MAX_REPEATS
 from service.schemas import AgainRequest
 from service.settings import Settings
 from service.views import job_markdown, job_public, progress_of, readable_job
@@ -321,9 +323,13 @@ async def cancel_post(request: Request, job_id: int) -> Response:
     caller, _, refused = await _checked_post(request)
     if refused is not None or caller is None:
         return refused or _unauthorized()
-    try:
+
+    def cancel() -> None:
         with Session(_engine(request)) as session:
             actions.cancel_job(session, job_id, caller, "cancelled from the status page")
+
+    try:
+        await run_in_threadpool(cancel)
     except LeakbisectError as exc:
         return _error(request, caller, exc)
     return RedirectResponse(f"/jobs/{job_id}", status_code=303)
@@ -342,11 +348,17 @@ async def again_post(request: Request, job_id: int) -> Response:
         field = ".".join(str(p) for p in first["loc"]) or "form"
         return _error(request, caller, InvalidInput(first["msg"], field=field))
     except ValueError:  # int() of something that is no number
-        return _error(request, caller, InvalidInput("a whole number from 1 to 20", field="repeats"))
-    try:
+        number = InvalidInput(f"a whole number from 1 to {MAX_REPEATS}", field="repeats")
+        return _error(request, caller, number)
+
+    def again() -> int | None:
+        # The database, the job's options validated again (its environment files parsed)
+        # and the first step of the search: never on the event loop (issue 26 row 2).
         with Session(_engine(request)) as session:
-            new = actions.again_job(session, _settings(request), job_id, caller, body)
-            new_id = new.id
+            return actions.again_job(session, _settings(request), job_id, caller, body).id
+
+    try:
+        new_id = await run_in_threadpool(again)
     except LeakbisectError as exc:
         return _error(request, caller, exc)
     return RedirectResponse(f"/jobs/{new_id}", status_code=303)
