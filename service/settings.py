@@ -150,9 +150,10 @@ class Settings(BaseSettings):
     # Base of the job URLs the API hands out (e.g. https://bisect.example.com);
     # default: the base URL of the request.
     public_url: str | None = None
-    # Index hosts the API may read for a job (BISECT_ALLOWED_INDEXES, comma-separated,
-    # host or host:port, "*" for any). Unset: any public host when tokens are configured,
-    # any host at all when they are not (the API then listens on loopback only).
+    # Hosts a job's URLs may name: indexes, find-links and repositories (comma-separated,
+    # host or host:port, "*" for any; contract/outbound.py). Unset: any public host when
+    # tokens are configured, any host at all when they are not (the API then listens on
+    # loopback only).
     allowed_indexes: Annotated[list[str], NoDecode] = Field(default_factory=list)
     index_max_bytes: int = Field(default=64 * 1024 * 1024, gt=0)
     # Whether a runner's GPUs count as held by its trials alone, so that device-level
