@@ -15,7 +15,7 @@ import re
 from typing import Any
 
 from engine import findings
-from service.report import transition_line
+from service.report import contradiction_note, transition_line
 from service.schemas import Evidence, Report
 from service.text import printable
 
@@ -91,8 +91,9 @@ def _candidates(report: Report) -> list[str]:
             notes.append(f"untestable: {md_text(row.untestable_reason)}")
         if row.reused:
             notes.append("verdict reused from an earlier job")
-        if row.contradicted_by_job is not None:
-            notes.append(f"flaky: contradicted by job {row.contradicted_by_job}")
+        contradicted = contradiction_note(row)
+        if contradicted:
+            notes.append(contradicted)
         if row.resolution == "free":
             notes.append("resolved freely (other packages not held at the good bound's)")
         lines.append(

@@ -8,10 +8,20 @@ reads that wire form back.
 
 The environment line ends, once per job, with the isolation any of its runs lacked on
 its runner (``trials ran without: ...``, from each trial's `TrialReport.missing_protections`).
+
+Other jobs a candidate points at (the job that contradicted its verdict, the job its
+verdict was copied from) are named only when they are the job's owner's own (`Links`,
+`links`): inside a trust group (service/reuse.py rules 3 and 6) they may be another
+owner's, and an owner sees only their own jobs. `contradiction_note` and `reuse_note` word
+them once for the text, Markdown and web views.
 """
 
 import shlex
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import Any
+
+from sqlmodel import Session, col, select
 
 from contract.envargs import freeze_diff, index_args
 from engine import crash
@@ -61,8 +71,75 @@ def _last_error(candidate: Candidate, done: list[Trial]) -> str | None:
     return found[-1] if found and candidate.verdict in (Verdict.ERROR, Verdict.SKIP) else None
 
 
+# How the views name a job of another owner of the trust group.
+GROUP_JOB = "a job of this trust group"
+
+
+@dataclass(frozen=True)
+class Links:
+    """The other jobs a job's candidates point at, as the job's viewers may see them."""
+
+    # A reused candidate's `reused_from` (a candidate id) -> that candidate's job.
+    sources: Mapping[int, int] = field(default_factory=dict)
+    # The jobs among those and the `contradicted_by_job`s that another owner owns.
+    hidden: frozenset[int] = frozenset()
+
+    def shown(self, job_id: int | None) -> int | None:
+        """`job_id` when this job's owner may see it, else None."""
+        return None if job_id is None or job_id in self.hidden else job_id
+
+
+# What `build_report` assumes without a session (`bisect-cli run`: one owner's database).
+NO_LINKS = Links()
+
+
+def links(session: Session, job: Job, candidates: list[Candidate]) -> Links:
+    """Which jobs `job`'s candidates point at, and which of them another owner owns (owner
+    None is its own owner: `bisect-cli run` or an open service). A job no longer stored is
+    not hidden: its id names nobody's work."""
+    ids = sorted({c.reused_from for c in candidates if c.reused_from is not None})
+    sources: dict[int, int] = {}
+    if ids:
+        query = select(Candidate.id, Candidate.job_id).where(col(Candidate.id).in_(ids))
+        sources = {cid: jid for cid, jid in session.exec(query) if cid is not None}
+    jobs = {c.contradicted_by_job for c in candidates if c.contradicted_by_job is not None}
+    jobs |= set(sources.values())
+    jobs.discard(job.id)  # type: ignore[arg-type]
+    hidden: frozenset[int] = frozenset()
+    if jobs:
+        query_owners = select(Job.id, Job.owner).where(col(Job.id).in_(sorted(jobs)))
+        hidden = frozenset(
+            jid
+            for jid, owner in session.exec(query_owners)
+            if jid is not None and owner != job.owner
+        )
+    return Links(sources=sources, hidden=hidden)
+
+
+def contradiction_note(row: CandidateRow) -> str | None:
+    """The note of a contradicted verdict: by job N, or by `GROUP_JOB` when N is another
+    owner's."""
+    if row.contradicted_by_job is not None:
+        return f"flaky: contradicted by job {row.contradicted_by_job}"
+    return f"flaky: contradicted by {GROUP_JOB}" if row.contradicted else None
+
+
+def reuse_note(row: CandidateRow) -> str | None:
+    """The note of a copied verdict: from job N, or from an earlier job of the trust group
+    when N is another owner's (the page's sentence; `candidate_rows` knows N only with
+    `links`)."""
+    if not row.reused:
+        return None
+    if row.reused_from_job is not None:
+        return f"verdicts reused from job {row.reused_from_job}"
+    return "verdicts reused from an earlier job of this trust group"
+
+
 def candidate_rows(
-    candidates: list[Candidate], trials: list[Trial], job: Job | None = None
+    candidates: list[Candidate],
+    trials: list[Trial],
+    job: Job | None = None,
+    linked: Links = NO_LINKS,
 ) -> list[CandidateRow]:
     done = _runs(trials)
     tested = {t.candidate_id for t in done}
@@ -81,7 +158,9 @@ def candidate_rows(
             resolution=c.resolution,
             resolution_note=c.resolution_note,
             reused=c.reused_from is not None,
-            contradicted_by_job=c.contradicted_by_job,
+            reused_from_job=linked.shown(linked.sources.get(c.reused_from or -1)),
+            contradicted=c.contradicted_by_job is not None,
+            contradicted_by_job=linked.shown(c.contradicted_by_job),
             error=_last_error(c, done),
             reproduce=reproduce_command(job, c) if job is not None and c.id in tested else None,
             pooled=(c.pooled or {}).get("reason"),
@@ -180,7 +259,10 @@ def environment_line(job: Job, trials: list[Trial]) -> str:
     return line
 
 
-def build_report(job: Job, candidates: list[Candidate], trials: list[Trial]) -> Report:
+def build_report(
+    job: Job, candidates: list[Candidate], trials: list[Trial], linked: Links = NO_LINKS
+) -> Report:
+    """The job's report; `linked` (`links`): which other jobs its viewers may see named."""
     result = job.result
     by_version = {c.version: c for c in candidates}
     last_old = by_version.get(result.last_old or "") if result else None
@@ -199,7 +281,7 @@ def build_report(job: Job, candidates: list[Candidate], trials: list[Trial]) -> 
         not_monotone=result.not_monotone if result else None,
         disagree=list(result.disagree) if result else [],
         transitions=[TransitionRow(**t.dump()) for t in result.transitions] if result else [],
-        candidates=candidate_rows(candidates, trials, job),
+        candidates=candidate_rows(candidates, trials, job, linked),
         trials=len(_runs(trials)),
         machine=job.machine,
         environment=environment_line(job, trials),

@@ -159,8 +159,14 @@ class CandidateRow(BaseModel):
     # Why it was not held at the pins (with --base-env: which base pins it forced).
     resolution_note: str | None = None
     reused: bool = False
-    # The other job whose verdict of this release disagrees with this one's (same reuse key
-    # and owner, service/reuse.py rule 6): the verdict is flaky and never reused again.
+    # The earlier job whose verdict was copied, when it is the same owner's; None when not
+    # reused or copied from another owner of the trust group (never named to this one).
+    reused_from_job: int | None = None
+    # Another job's verdict of this release disagrees with this one's (same reuse key and
+    # owners, service/reuse.py rule 6): the verdict is flaky and never reused again.
+    contradicted: bool = False
+    # That other job, when it is the same owner's; None for a job of another owner of the
+    # trust group (an owner sees only their own jobs' ids). `report.contradiction_note`.
     contradicted_by_job: int | None = None
     # An error verdict: the line its last failed run ended on (engine/crash.py).
     error: str | None = None

@@ -20,7 +20,7 @@ from service import kinds, stages, store
 from service.access import Caller
 from service.markdown import markdown_report
 from service.models import Candidate, Job, Trial, TrialStatus
-from service.report import build_report, with_progress
+from service.report import build_report, links, with_progress
 from service.schemas import JobPublic, JobSummary, Progress, Report, RunningTrial, TrialPublic
 from service.state import dump
 
@@ -99,7 +99,9 @@ def running_trials(session: Session, job: Job) -> list[RunningTrial]:
 
 def job_report(session: Session, job: Job) -> Report:
     """The job's answer and evidence (as `bisect-cli run --json` prints it)."""
-    return build_report(job, store.candidates_of(session, job), store.trials_of(session, job))
+    candidates = store.candidates_of(session, job)
+    linked = links(session, job, candidates)  # other owners' jobs are not named
+    return build_report(job, candidates, store.trials_of(session, job), linked)
 
 
 def job_public(session: Session, job: Job) -> JobPublic:

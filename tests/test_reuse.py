@@ -8,6 +8,7 @@ trial as a ground truth says (no script runs here; tests/test_reuse_e2e.py runs 
 """
 
 import hashlib
+import io
 import json
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -15,6 +16,7 @@ from typing import Any
 
 import pytest
 from fastapi.testclient import TestClient
+from rich.console import Console
 from sqlalchemy import text
 from sqlalchemy.engine import Engine
 from sqlmodel import Session, col, select
@@ -23,11 +25,14 @@ from contract import earlystop
 from contract.errors import InvalidInput
 from contract.wire import EarlyStop, EnvResult, TrialReport
 from engine.verdicts import Verdict
-from service import options, reuse
+from service import options, reuse, views
 from service.app import create_app
+from service.cli.display import render_report
 from service.db import get_engine, make_engine, upgrade
 from service.models import Candidate, Job, JobStatus, PinState, Trial, TrialKind, TrialStatus
+from service.report import reuse_note
 from service.scheduler import advance
+from service.schemas import Report
 from service.settings import Settings, get_settings
 from service.trials import record_report
 
@@ -655,3 +660,118 @@ def test_through_the_api_a_trust_group_reuses_and_names_no_other_owners_job(
         "trust group"
     )
     assert f"job {bobs}" not in answer["message"]
+
+
+# ------------------------------------ 5. the views name no other owner's job (issue 26)
+
+GROUP_NOTE = "flaky: contradicted by a job of this trust group"
+
+
+def cli_text(report: Report) -> str:
+    out = io.StringIO()
+    render_report(Console(file=out, width=400, no_color=True), report, {})
+    return out.getvalue()
+
+
+def test_the_views_name_a_contradicting_or_source_job_only_when_it_is_the_owners(
+    session: Session, groups: Callable[[str], None]
+) -> None:
+    groups("alice,bob")
+    loaded = seed(session, owner="alice")
+    settle(session, loaded, first_leak="1.0.3")  # her loaded machine: 1.0.5 "leaks"
+    bobs = seed(session, owner="bob", reuse_verdicts=False, repeats=2)
+    settle(session, bobs)  # bob's 1.0.5 is clean: his job contradicts hers
+    own = seed(session, owner="alice", reuse_verdicts=False)
+    settle(session, own)
+    marked = rows(session, loaded)
+    assert marked["1.0.5"].contradicted_by_job == bobs.id
+    marked["1.0.0"].contradicted_by_job = own.id  # one of her own jobs disputes 1.0.0
+    session.add(marked["1.0.0"])
+    session.commit()
+    report = views.job_report(session, loaded)
+    shown_rows = {r.version: r for r in report.candidates}
+    assert (shown_rows["1.0.5"].contradicted, shown_rows["1.0.5"].contradicted_by_job) == (
+        True, None
+    )  # fmt: skip
+    assert (shown_rows["1.0.0"].contradicted, shown_rows["1.0.0"].contradicted_by_job) == (
+        True, own.id
+    )  # fmt: skip
+    wire = json.loads(report.model_dump_json())
+    assert [c["contradicted_by_job"] for c in wire["candidates"] if c["contradicted"]] == [
+        own.id, None
+    ]  # fmt: skip
+    for text_ in (views.job_markdown(session, loaded), cli_text(report)):
+        assert GROUP_NOTE in text_
+        assert f"flaky: contradicted by job {own.id}" in text_
+        assert f"contradicted by job {bobs.id}" not in text_
+    # A job of hers copying from her own job and from bob's: only hers is named.
+    later = seed(session, owner="alice")
+    copied = rows(session, later)
+    copied["1.0.0"].reused_from = rows(session, own)["1.0.0"].id
+    copied["1.0.7"].reused_from = rows(session, bobs)["1.0.7"].id
+    session.add_all([copied["1.0.0"], copied["1.0.7"]])
+    session.commit()
+    again = {r.version: r for r in views.job_report(session, later).candidates}
+    assert (again["1.0.0"].reused_from_job, again["1.0.7"].reused_from_job) == (own.id, None)
+    assert reuse_note(again["1.0.0"]) == f"verdicts reused from job {own.id}"
+    assert reuse_note(again["1.0.7"]) == "verdicts reused from an earlier job of this trust group"
+    # Bob's view of his own job names nothing of hers either (nothing of his was disputed).
+    assert not any(r.contradicted for r in views.job_report(session, bobs).candidates)
+
+
+def login(client: TestClient, token: str) -> None:
+    client.get("/login")
+    response = client.post("/login", data={"csrf": client.cookies["lb_csrf"], "token": token})
+    assert response.status_code in (200, 303), response.text
+
+
+def test_the_api_markdown_and_page_never_show_a_group_mates_job_id(
+    service: TestClient, fixture_index: str, groups: Callable[[str], None]
+) -> None:
+    groups("alice,bob")
+    hers = submit(service, ALICE, fixture_index)
+    settle_service(service, hers, first_leak="1.0.7")
+    copy = submit(service, BOB, fixture_index)  # copies her verdicts
+    settle_service(service, copy, first_leak="1.0.7")
+    # Bob's fresh job finds 1.0.6 leaking: it contradicts her 1.0.6.
+    bobs = submit(service, BOB, fixture_index, reuse_verdicts=False)
+    settle_service(service, bobs, first_leak="1.0.6")
+    # Her fresh job finds 1.0.7 clean: it contradicts her own 1.0.7 and bob's.
+    mine = submit(service, ALICE, fixture_index, reuse_verdicts=False)
+    settle_service(service, mine, first_leak="1.0.8")
+    answer = {c["version"]: c for c in shown(service, ALICE, hers)["candidates"]}
+    assert (answer["1.0.6"]["contradicted"], answer["1.0.6"]["contradicted_by_job"]) == (
+        True, None
+    )  # fmt: skip
+    assert (answer["1.0.7"]["contradicted"], answer["1.0.7"]["contradicted_by_job"]) == (
+        True, mine
+    )  # fmt: skip
+    auth = {"Authorization": f"Bearer {ALICE}"}
+    markdown = service.get(f"/api/v1/jobs/{hers}/report.md", headers=auth).text
+    assert GROUP_NOTE in markdown and f"flaky: contradicted by job {mine}" in markdown
+    assert f"job {bobs}" not in markdown
+    # Bob sees his fresh job's 1.0.7 disputed by her job, unnamed; his copy's source unnamed.
+    his = {c["version"]: c for c in shown(service, BOB, bobs)["candidates"]}
+    assert (his["1.0.7"]["contradicted"], his["1.0.7"]["contradicted_by_job"]) == (True, None)
+    copied = shown(service, BOB, copy)["candidates"]
+    assert [c["reused_from_job"] for c in copied if c["reused"]] == [None] * 5
+    # The page: the strip's marks and the selected release's sentence.
+    login(service, "alice-tok")
+    page = service.get(f"/jobs/{hers}?candidate=1.0.6").text
+    assert "Flaky: contradicted by a job of this trust group." in page
+    assert f"flaky: contradicted by job {mine}" in page
+    assert f"job {bobs}" not in page and f"job {copy}" not in page
+    login(service, "bob-tok")
+    page = service.get(f"/jobs/{copy}?candidate=1.0.9").text
+    assert "Verdicts reused from an earlier job of this trust group." in page
+    assert f"job {hers}" not in page
+    page = service.get(f"/jobs/{bobs}?candidate=1.0.7").text
+    assert "Flaky: contradicted by a job of this trust group." in page
+    assert f"job {mine}" not in page and f"job {hers}" not in page
+    # Alice's own copying job names her own source job.
+    later = submit(service, ALICE, fixture_index)
+    settle_service(service, later, first_leak="1.0.8")
+    login(service, "alice-tok")
+    sources = {c["reused_from_job"] for c in shown(service, ALICE, later)["candidates"]}
+    assert sources <= {None, hers, mine} and sources - {None}
+    assert bobs not in sources and copy not in sources

@@ -14,7 +14,7 @@ from engine import findings
 from engine.baseenv import FORCED_NOTE
 from engine.verdicts import Verdict
 from service.models import Candidate, Trial
-from service.report import transition_line
+from service.report import contradiction_note, transition_line
 from service.schemas import CandidateRow, Report
 from service.text import printable
 
@@ -198,8 +198,9 @@ def _notes(row: CandidateRow) -> str:
         notes.append(printable(row.resolution_note))
     if row.reused:
         notes.append("verdict reused")
-    if row.contradicted_by_job is not None:
-        notes.append(f"flaky: contradicted by job {row.contradicted_by_job}")
+    contradicted = contradiction_note(row)
+    if contradicted:
+        notes.append(contradicted)
     return escape("; ".join(notes))
 
 
@@ -238,9 +239,7 @@ def _dependency_diff(console: Console, report: Report) -> None:
             diff.add_row(row.package, row.old or "-", row.new or "-")
         console.print(diff)
     elif report.evidence and report.last_old and report.first_new:  # no pair: nothing to diff
-        console.print(
-            f"no other package changed between {report.last_old} and {report.first_new}"
-        )
+        console.print(f"no other package changed between {report.last_old} and {report.first_new}")
 
 
 def _findings(console: Console, report: Report) -> None:

@@ -32,6 +32,7 @@ from service.http.errors import http_status
 from service.markdown import headline, markdown_report
 from service.models import JobStatus
 from service.options import MAX_REPEATS
+from service.report import contradiction_note, reuse_note
 from service.schemas import AgainRequest
 from service.settings import Settings
 from service.views import job_markdown, job_public, progress_of, readable_job
@@ -207,6 +208,7 @@ def _job_context(
     for cell in cells:
         cell.selected = cell.version == selected
     chosen = versions.get(selected or "")
+    row = next((r for r in public.candidates if r.version == selected), None)
     reference = versions.get(public.last_old or "") or (candidates[0] if candidates else None)
     report = public.report()
     base = site_url(request, _settings(request))
@@ -216,6 +218,9 @@ def _job_context(
         "public": public,
         "cells": cells,
         "selected": chosen,
+        # The selected release's notes, naming only the owner's own jobs (service/report.py).
+        "reuse_note": reuse_note(row) if row else None,
+        "contradiction_note": contradiction_note(row) if row else None,
         "trials": views.trial_rows(trials, chosen),
         "chart": views.range_chart(candidates, trials, public),
         "freeze_changes": views.freeze_changes(chosen, reference),

@@ -17,7 +17,8 @@ from contract.envargs import freeze_diff
 from contract.series import downsample
 from service import kinds
 from service.models import Candidate, Job, MemorySample, Trial, TrialStatus
-from service.schemas import JobPublic
+from service.report import contradiction_note
+from service.schemas import CandidateRow, JobPublic
 from service.text import printable
 
 MIB = 1024 * 1024
@@ -80,14 +81,16 @@ def trial_states(trials: list[Trial]) -> dict[int, str]:
     return out
 
 
-def _cell(c: Candidate, state: str | None, public: JobPublic, reused: bool) -> Cell:
+def _cell(c: Candidate, state: str | None, public: JobPublic, row: CandidateRow | None) -> Cell:
     marks = []
     if c.yanked:
         marks.append("yanked")
-    if reused:
+    if row is not None and row.reused:
         marks.append("reused")
-    if c.contradicted_by_job is not None:
-        marks.append(f"flaky: contradicted by job {c.contradicted_by_job}")
+    # The report's row says which jobs this viewer may see named (service/report.py).
+    contradicted = contradiction_note(row) if row is not None else None
+    if contradicted:
+        marks.append(contradicted)
     if not c.testable:
         letter, css, title = "×", "untestable", f"untestable: {c.untestable_reason or ''}"
     elif state == "running":
@@ -108,8 +111,8 @@ def _cell(c: Candidate, state: str | None, public: JobPublic, reused: bool) -> C
 
 def strip(candidates: list[Candidate], trials: list[Trial], public: JobPublic) -> list[Cell]:
     states = trial_states(trials)
-    reused = {row.version: row.reused for row in public.candidates}
-    return [_cell(c, states.get(c.id), public, reused.get(c.version, False)) for c in candidates]  # type: ignore[arg-type]
+    rows = {row.version: row for row in public.candidates}
+    return [_cell(c, states.get(c.id), public, rows.get(c.version)) for c in candidates]  # type: ignore[arg-type]
 
 
 def default_selection(public: JobPublic, cells: list[Cell]) -> str | None:
