@@ -46,7 +46,9 @@ Rules, in code order:
    reused again. A reused candidate whose own run contradicts the verdict it copied
    records the source's job the same way; its evaluations disagree, so the planner calls
    it flaky and steps around it. Either way both jobs' views say "flaky: contradicted by
-   job N". Jobs with `reuse_verdicts=False` (`--no-reuse`, "Bisect again") mark too.
+   job N" for the owner's own job, "... by a job of this trust group" for another owner's
+   (service/report.py `links` decides, `contradiction_note` words it). Jobs with
+   `reuse_verdicts=False` (`--no-reuse`, "Bisect again") mark too.
 7. Attribution (`find_attribution`): an earlier job of the same owner (not the trust
    group: the attribution names the job it came from) that traced the same boundary pair
    under the same keys lends its attribution.
