@@ -1,32 +1,107 @@
-"""The `bisect-cli` command line: one module per command group."""
+"""The `bisect-cli` command line: one module per command group.
+
+A command's module is imported only when that command runs or shows its own help
+(`LazyGroup`): `bisect-cli run` does not import the web server `serve` needs, and
+`bisect-cli --help` imports no command at all. `COMMANDS` names each command's module and
+the one line `bisect-cli --help` shows for it; tests/test_cli_startup.py checks that line
+against the command's own help.
+"""
+
+import importlib
+from typing import Any
 
 import typer
+from typer.core import TyperCommand, TyperGroup
 
 from contract.errors import LeakbisectError
-from service.cli import db, jobs
 from service.cli.errors import exit_status, internal
-from service.cli.run import run
-from service.cli.runner import runner
-from service.cli.serve import serve
-from service.cli.submit import submit
+
+# name -> (module, attribute: a command function or a Typer group, its one-line help)
+COMMANDS: dict[str, tuple[str, str, str]] = {
+    "run": (
+        "service.cli.run", "run",
+        "Bisect a release range locally and report the first leaking release.",
+    ),
+    "serve": (
+        "service.cli.serve", "serve",
+        "Run the leakbisect API, plus N local runners so one command gives a working service.",
+    ),
+    "runner": ("service.cli.runner", "runner", "Run trials for a leakbisect server until stopped."),
+    "submit": (
+        "service.cli.submit", "submit",
+        "Submit a bisection to a leakbisect server and print the job's URL.",
+    ),
+    "status": (
+        "service.cli.jobs", "status",
+        "Show a job: status, progress, candidates with verdicts and, once found, the result.",
+    ),
+    "list": ("service.cli.jobs", "list_jobs", "List jobs, newest first."),
+    "cancel": (
+        "service.cli.jobs", "cancel",
+        "Cancel a job: queued trials are dropped, running ones killed by their runners.",
+    ),
+    "logs": (
+        "service.cli.jobs", "logs",
+        "Print a trial's log tail (the end of the script's output) after a summary line.",
+    ),
+    "report": (
+        "service.cli.jobs", "report",
+        "Print a job's report: the text report, --json, or --markdown to paste upstream.",
+    ),
+    "db": ("service.cli.db", "app", "Manage the results database."),
+}  # fmt: skip
+
+
+class _Listed(TyperCommand):
+    """What `bisect-cli --help` lists for a command whose module is not imported yet."""
+
+
+def load_command(name: str) -> TyperCommand | TyperGroup:
+    """The command `name`, built from its module (imported here)."""
+    module, attribute, _ = COMMANDS[name]
+    target = getattr(importlib.import_module(module), attribute)
+    if not isinstance(target, typer.Typer):
+        single = typer.Typer(add_completion=False)
+        single.command(name=name)(target)
+        target = single
+    command = typer.main.get_command(target)
+    assert isinstance(command, TyperCommand | TyperGroup)
+    command.name = name
+    return command
+
+
+class LazyGroup(TyperGroup):
+    """The root group: its help lists `COMMANDS` by their line; a command's module is
+    imported when the command is resolved (to run it or print its own help)."""
+
+    def __init__(self, **attrs: Any) -> None:
+        super().__init__(**attrs)
+        for name, (_, _, short_help) in COMMANDS.items():
+            self.commands.setdefault(name, _Listed(name=name, short_help=short_help))
+        self._listing = False
+
+    def get_command(self, ctx: Any, cmd_name: str) -> Any:
+        command = self.commands.get(cmd_name)
+        if isinstance(command, _Listed) and not self._listing:
+            command = self.commands[cmd_name] = load_command(cmd_name)
+        return command
+
+    def format_help(self, ctx: Any, formatter: Any) -> None:
+        self._listing = True  # the help only lists the commands: none is imported for it
+        try:
+            super().format_help(ctx, formatter)
+        finally:
+            self._listing = False
+
 
 app = typer.Typer(
+    cls=LazyGroup,
     no_args_is_help=True,
     add_completion=False,
     # A failure is one line (internal()), never a traceback; BISECT_DEBUG=1 shows it.
     pretty_exceptions_enable=False,
     help="Find the first release of a dependency that leaks memory.",
 )
-app.command(name="run")(run)
-app.command(name="serve")(serve)
-app.command(name="runner")(runner)
-app.command(name="submit")(submit)
-app.command(name="status")(jobs.status)
-app.command(name="list")(jobs.list_jobs)
-app.command(name="cancel")(jobs.cancel)
-app.command(name="logs")(jobs.logs)
-app.command(name="report")(jobs.report)
-app.add_typer(db.app, name="db")
 
 
 @app.callback()

@@ -8,6 +8,7 @@ failed, 4 inconclusive). Only the CLI has exit statuses: the API and the page sh
 job's status itself, so the mapping lives here, not beside the report's model.
 """
 
+import functools
 import os
 from typing import NoReturn
 
@@ -21,8 +22,6 @@ from contract.errors import (
     LimitExceeded,
     NotFound,
 )
-from service.models import JobStatus
-from service.options import flag_names
 
 BAD_INPUT = 2
 INTERNAL = 1
@@ -36,16 +35,25 @@ EXIT_STATUS: dict[type[LeakbisectError], int] = {
 }
 # "found" stays 0 for a range that is not monotone: its first transition is a confirmed
 # boundary, and the report's first lines (JSON: `not_monotone`) say what else the verdicts show.
+# Keyed by `service.models.JobStatus`'s values (a StrEnum: its members look these up), not its
+# members, so that every command need not import the models (tests/test_cli_startup.py checks
+# the names).
 OUTCOME_STATUS: dict[str, int] = {
-    JobStatus.FOUND: 0,
-    JobStatus.BOUNDS_FAILED: 3,
-    JobStatus.INCONCLUSIVE: 4,
-    JobStatus.ERROR: INTERNAL,
-    JobStatus.CANCELLED: INTERNAL,
+    "found": 0,
+    "bounds_failed": 3,
+    "inconclusive": 4,
+    "error": INTERNAL,
+    "cancelled": INTERNAL,
 }
 
-# Field -> the flag a user typed, so messages name what they can fix.
-FLAGS = flag_names()
+
+@functools.cache
+def flags() -> dict[str, str]:
+    """Field -> the flag a user typed, so messages name what they can fix (derived from the
+    job options when a message first needs it: not every command imports them)."""
+    from service.options import flag_names
+
+    return flag_names()
 
 
 def exit_status(exc: LeakbisectError) -> int:
@@ -68,7 +76,7 @@ def fail(message: str, code: int = BAD_INPUT) -> NoReturn:
 def fail_with(exc: LeakbisectError) -> NoReturn:
     """A leakbisect error as one line, its field shown as the flag the user typed."""
     shown = exc.field and exc.show_field_on_cli
-    message = f"{FLAGS.get(exc.field, exc.field)}: {exc}" if shown else str(exc)
+    message = f"{flags().get(exc.field, exc.field)}: {exc}" if shown else str(exc)
     fail(message, exit_status(exc))
 
 
@@ -80,7 +88,7 @@ def validation_message(exc: Exception) -> str:
     first = errors()[0]
     field = str(first["loc"][0]) if first.get("loc") else "input"
     text = str(first["msg"]).removeprefix("Value error, ")
-    return f"{FLAGS.get(field, field)}: {text}"
+    return f"{flags().get(field, field)}: {text}"
 
 
 def internal(exc: BaseException) -> NoReturn:

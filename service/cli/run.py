@@ -1,38 +1,35 @@
-"""`bisect-cli run`: bisect locally, with no server."""
+"""`bisect-cli run`: bisect locally, with no server.
+
+What the command's options need is imported here; what running a job needs (the database,
+the models, the executor, the scheduler) is imported when the command runs, so
+`bisect-cli run --help` stays quick (tests/test_cli_startup.py).
+"""
 
 import json
 import signal
 import sys
 from contextlib import ExitStack
 from pathlib import Path
-from typing import Annotated, Any, NoReturn
+from typing import TYPE_CHECKING, Annotated, Any, NoReturn
 
 import typer
 from rich.console import Console
-from sqlalchemy.engine import Engine
-from sqlmodel import Session
 
 from contract.errors import LeakbisectError
-from contract.executor import Executor
-from runners.agent import default_name
-from runners.envs import EnvError, find_python
-from runners.limits import default_limit_bytes
-from runners.machine import describe_machine
-from runners.nvml import GpuProbe, open_probe
-from service import store
 from service.cli.db import results_database, shown
-from service.cli.display import LineProgress, LiveDisplay, render_report
 from service.cli.errors import fail, fail_with, internal, outcome_status
 from service.cli.executor import make_executor, with_executor_options
 from service.cli.options import DatabaseUrl, Json, build_request, job_request, with_job_options
-from service.db import get_engine, upgrade
-from service.jobs import create_job
-from service.local import run_job
-from service.models import Job
-from service.report import build_report
-from service.schemas import JobCreate, Report
-from service.settings import Settings, get_settings
-from service.views import evidence_curves
+
+if TYPE_CHECKING:
+    from sqlalchemy.engine import Engine
+    from sqlmodel import Session
+
+    from contract.executor import Executor
+    from runners.nvml import GpuProbe
+    from service.models import Job
+    from service.schemas import JobCreate, Report
+    from service.settings import Settings
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "example"
 EXAMPLE_PACKAGE, EXAMPLE_RANGE = "leakyfixture", "1.0.0..1.0.9"
@@ -59,8 +56,10 @@ Jobs = Annotated[
 ]
 
 
-def print_report(report: Report, curves: dict[int, list[float]], json_: bool) -> NoReturn:
+def print_report(report: "Report", curves: dict[int, list[float]], json_: bool) -> NoReturn:
     """The final report (JSON or Rich) and the exit status of its job status."""
+    from service.cli.display import render_report
+
     if json_:
         typer.echo(json.dumps(report.wire()))
     else:
@@ -68,7 +67,7 @@ def print_report(report: Report, curves: dict[int, list[float]], json_: bool) ->
     raise typer.Exit(outcome_status(report.status))
 
 
-def _serve_example(stack: ExitStack, settings: Settings, quiet: bool) -> str:
+def _serve_example(stack: ExitStack, settings: "Settings", quiet: bool) -> str:
     from service.example.fixture import build_fixture
     from service.example.index import serve_index
 
@@ -79,7 +78,9 @@ def _serve_example(stack: ExitStack, settings: Settings, quiet: bool) -> str:
     return index_url
 
 
-def _open_database(url: str) -> Engine:
+def _open_database(url: str) -> "Engine":
+    from service.db import get_engine, upgrade
+
     try:
         upgrade(url)
     except Exception as exc:  # noqa: BLE001 - any driver error is one line for the user
@@ -87,7 +88,11 @@ def _open_database(url: str) -> Engine:
     return get_engine(url)
 
 
-def _create(session: Session, request: JobCreate, gpu: GpuProbe | None) -> Job:
+def _create(session: "Session", request: "JobCreate", gpu: "GpuProbe | None") -> "Job":
+    from runners.envs import EnvError, find_python
+    from runners.machine import describe_machine
+    from service.jobs import create_job
+
     try:
         find_python(request.python)
         return create_job(session, request, machine=describe_machine(gpu), local=True)
@@ -97,11 +102,18 @@ def _create(session: Session, request: JobCreate, gpu: GpuProbe | None) -> Job:
         fail_with(exc)
 
 
-def _executor(settings: Settings, gpu: GpuProbe | None) -> Executor:
+def _executor(settings: "Settings", gpu: "GpuProbe | None") -> "Executor":
+    from runners.agent import default_name
+
     return make_executor(settings, gpu, f"run-{default_name()}")  # --executor (executor.py)
 
 
-def _bisect(session: Session, job: Job, executor: Executor, jobs: int) -> None:
+def _bisect(session: "Session", job: "Job", executor: "Executor", jobs: int) -> None:
+    from runners.limits import default_limit_bytes
+    from service import store
+    from service.cli.display import LineProgress, LiveDisplay
+    from service.local import run_job
+
     # Ctrl-C (SIGINT) always ends a local run cancelled, with its trials killed, also when
     # it was started ignoring SIGINT (a background job of a non-interactive shell, as CI
     # and nohup start it): Python keeps an inherited SIG_IGN, and nothing would clean up.
@@ -146,6 +158,14 @@ def run(
     """
     if not 1 <= jobs <= MAX_JOBS:
         fail(f"--jobs: {jobs} is out of range; allowed are 1 to {MAX_JOBS}")
+    from sqlmodel import Session
+
+    from runners.nvml import open_probe
+    from service import store
+    from service.report import build_report
+    from service.settings import get_settings
+    from service.views import evidence_curves
+
     settings = get_settings()
     with ExitStack() as stack:
         if example:
@@ -170,8 +190,10 @@ def run(
     print_report(report, curves, json_)
 
 
-def _searched(session: Session, job: Job) -> str:
+def _searched(session: "Session", job: "Job") -> str:
     """What the job searches, for its first line: releases, or --from/--to's changes."""
+    from service import store
+
     if job.dependency is not None:
         changed = len(job.dependency.get("changes", []))
         return f"{changed} packages changed between --from and --to"
