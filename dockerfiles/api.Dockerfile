@@ -22,7 +22,8 @@ RUN set -eu; \
         UV_PROJECT_ENVIRONMENT=/opt/leakbisect/.venv UV_LINK_MODE=copy UV_COMPILE_BYTECODE=1 \
         uv sync --locked --no-dev --no-install-project --python python3; \
     rm -rf /tmp/uv-cache /tmp/leakbisect-build; \
-    groupadd --gid 10000 leakbisect; useradd --uid 10000 --gid 10000 --no-create-home --shell /usr/sbin/nologin leakbisect
+    groupadd --gid 10000 leakbisect; useradd --uid 10000 --gid 10000 --no-create-home --shell /usr/sbin/nologin leakbisect; \
+    install -d -o 10000 -g 10000 -m 0700 /var/lib/leakbisect
 # The project itself as its editable install would be (a .pth file and the console
 # script), then the code last: a code change rebuilds only the COPY layers (about 1 s).
 RUN set -eu; \
@@ -38,7 +39,9 @@ COPY runners/ runners/
 COPY service/ service/
 COPY migrations/ migrations/
 # Nothing named BISECT_* here: image variables reach every container of the image.
-ENV PATH=/opt/leakbisect/.venv/bin:/usr/local/bin:/usr/bin:/bin LANG=C.UTF-8
+# The data directory holds the session key when BISECT_SECRET_KEY is unset (the user has no home).
+ENV PATH=/opt/leakbisect/.venv/bin:/usr/local/bin:/usr/bin:/bin LANG=C.UTF-8 \
+    BISECT_DATA_DIR=/var/lib/leakbisect
 USER 10000:10000
 EXPOSE 8000
 CMD ["bisect-cli", "serve", "--host", "0.0.0.0", "--port", "8000", "--runners", "0"]

@@ -167,6 +167,12 @@ class Settings(BaseSettings):
             return [host.strip().lower() for host in value.split(",") if host.strip()]
         return value
 
+    @field_validator("secret_key", mode="before")
+    @classmethod
+    def _empty_is_unset(cls, value: Any) -> Any:
+        # compose passes `${BISECT_SECRET_KEY:-}`: an empty variable means "none configured".
+        return None if value == "" else value
+
     @field_validator("secret_key")
     @classmethod
     def _long_enough(cls, value: SecretStr | None) -> SecretStr | None:

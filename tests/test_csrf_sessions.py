@@ -28,13 +28,14 @@ from fastapi.testclient import TestClient
 from sqlalchemy import update
 from sqlmodel import Session
 
+from contract.errors import InvalidInput
 from runners.client import ApiClient
 from service.app import create_app
 from service.db import get_engine
 from service.models import Job, JobStatus, utcnow
 from service.settings import Settings, get_settings
 from service.web import events
-from service.web.auth import KEY_FILE, LoginThrottle
+from service.web.auth import KEY_FILE, LoginThrottle, session_key
 from service.web.render import CSP
 from tests.web_support import add_job
 
@@ -449,3 +450,23 @@ def test_a_client_holds_at_most_max_streams(
             time.sleep(0.2)
         assert app.state.web_watcher.open["127.0.0.1"] == 1
         readers[1].client.close()
+
+
+def test_an_empty_secret_is_none_and_an_unwritable_data_dir_is_one_line(tmp_path: Path) -> None:
+    # compose passes BISECT_SECRET_KEY as `${BISECT_SECRET_KEY:-}`: empty means unset.
+    assert make_settings(tmp_path, secret_key="").secret_key is None
+    # An API container's user may have no writable home: the start fails with one line.
+    locked = tmp_path / "locked"
+    locked.mkdir(mode=0o500)
+    data_dir = locked / "data"
+    if os.geteuid() == 0:  # root writes anywhere: a file where the directory should be
+        data_dir = tmp_path / "file" / "data"
+        (tmp_path / "file").write_text("")
+    settings = make_settings(tmp_path).model_copy(update={"data_dir": data_dir})
+    with pytest.raises(InvalidInput) as refused:
+        session_key(settings)
+    assert str(refused.value).startswith(f"cannot keep the session key in {settings.data_dir}")
+    assert str(refused.value).endswith(
+        ": set BISECT_SECRET_KEY (32+ characters) or BISECT_DATA_DIR to a directory this user "
+        "can write"
+    )

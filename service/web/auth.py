@@ -94,7 +94,14 @@ def session_key(settings: Settings) -> bytes:
         return hashlib.sha256(settings.secret_key.get_secret_value().encode()).digest()
     path = settings.data_dir / KEY_FILE
     if path not in _keys:
-        _keys[path] = _read_key(path) if os.path.lexists(path) else _make_key(path)
+        try:
+            _keys[path] = _read_key(path) if os.path.lexists(path) else _make_key(path)
+        except OSError as exc:  # e.g. a container whose user has no writable home
+            raise InvalidInput(
+                f"cannot keep the session key in {path} ({exc.strerror}): set BISECT_SECRET_KEY "
+                "(32+ characters) or BISECT_DATA_DIR to a directory this user can write",
+                field="secret key",
+            ) from None
     return _keys[path]
 
 
