@@ -51,6 +51,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
+import logging
 import os
 import re
 import subprocess
@@ -75,12 +76,14 @@ from runners.sandbox import give, private_dir
 from runners.users import Identities, blocked_by, identities
 from runners.uvrun import (
     ERROR_LINES,
+    FETCH_FAILED,
     NO_SOLUTION,
     QUICK_TIMEOUT_S,
     EnvError,
     blocked_for_all,
     find_python,
     meaningful,
+    network_failure,
     one_line_reason,
     run_uv,
     running_python,
@@ -112,6 +115,7 @@ INSTALL_TIMEOUT_S = 3600.0
 STALE_STAGING_S = 6 * INSTALL_TIMEOUT_S
 
 Log = Callable[[str], None]
+log = logging.getLogger(__name__)
 
 # ---------------------------------------------------------------------------
 # pure helpers
@@ -146,9 +150,6 @@ def spec_hash(spec: EnvSpec) -> str:
 
 def _iso(when: datetime) -> str:
     return utc(when).isoformat().replace("+00:00", "Z")
-
-
-
 
 
 def _pinned(text: str) -> tuple[str, str]:
@@ -421,7 +422,11 @@ def resolve_pins(
         ]  # fmt: skip
         proc = run_uv(cmd, uv_env(cache, home=tmp) | git, None, cwd=tmp, ids=ids)
     if proc.returncode != 0:
-        raise EnvError(f"cannot resolve {pin}: {one_line_reason(proc.stderr)}")
+        reason = one_line_reason(proc.stderr)
+        if spec.reach is not None and network_failure(proc.stderr):
+            log.warning("resolving %s: %s", pin, reason)  # uv's words stay on the runner
+            reason = FETCH_FAILED
+        raise EnvError(f"cannot resolve {pin}: {reason}")
     pins = []
     for line in proc.stdout.splitlines():
         text = line.split(" #", 1)[0].strip()
@@ -552,6 +557,9 @@ class _Build:
             return self.result(ok=False, error=reason, resolution=resolution, unresolvable=True)
         if proc.returncode != 0:
             message = meaningful(proc.stderr) or f"uv pip install exited with {proc.returncode}"
+            if self.spec.reach is not None and network_failure(proc.stderr):
+                self.say(f"uv pip install: {message}")  # uv's words stay on the runner
+                message = FETCH_FAILED
             return self.result(ok=False, error=message, resolution=resolution, resolution_note=note)
         freeze = self.freeze()
         if freeze is None:

@@ -48,6 +48,17 @@ _CHATTER = re.compile(
     r"|\s+(Updating|Updated|Building) )"  # a git source's fetch and build, indented
 )
 NO_SOLUTION = "No solution found when resolving"
+# uv's words for a request that failed on the way (refused, unreachable, timed out, an HTTP
+# error status): what an index or a file URL answered, or that nothing did.
+_NETWORK = re.compile(
+    r"Failed to (fetch|download)|error sending request|Request failed after"
+    r"|HTTP status (client|server) error|tcp connect error|dns error|operation timed out",
+    re.IGNORECASE,
+)
+# What a job under the outbound rule is told instead (docs/security.md): uv has no way to
+# refuse a redirect or a file URL an index lists, so its words would tell a job which
+# addresses and ports answer behind the runner. The runner's log keeps them.
+FETCH_FAILED = "uv could not fetch from the index or a file it lists (details in the runner's log)"
 
 
 class EnvError(InvalidInput):
@@ -62,6 +73,11 @@ def meaningful(text: str, limit: int = ERROR_LINES) -> str:
     lines = [ln.rstrip() for ln in text.splitlines()]
     lines = [ln for ln in lines if ln.strip() and not _CHATTER.match(ln)]
     return "\n".join(lines[-limit:])
+
+
+def network_failure(stderr: str) -> bool:
+    """Whether uv failed on a request (`_NETWORK`), not on what the index held."""
+    return _NETWORK.search(stderr) is not None
 
 
 def one_line_reason(stderr: str) -> str:

@@ -24,7 +24,7 @@ from fastapi.testclient import TestClient
 from contract import outbound
 from contract.outbound import Reach, Refused
 from contract.wire import CommitRange, EnvSpec
-from runners import commits, envs, gitrun
+from runners import commits, envs, gitrun, uvrun
 from service.app import create_app
 from service.index import FetchPolicy, IndexUnavailable, list_releases
 from service.settings import Settings
@@ -351,3 +351,35 @@ def test_git_connects_to_the_addresses_checked() -> None:
         "http.followRedirects": "false",
         "http.curloptResolve": "forge.example:443:8.8.8.8,[2001:4860:4860::8888]",
     }
+
+
+UV_REFUSED = """\
+error: Request failed after 3 retries in 7.9s
+  cause: Failed to fetch: http://127.0.0.1:1/simple/leakyfixture/
+  cause: error sending request for url (http://127.0.0.1:1/simple/leakyfixture/)
+  cause: client error (Connect)
+  cause: tcp connect error
+  cause: Connection refused (os error 111)
+"""
+UV_NOT_FOUND = """\
+error: No solution found when resolving dependencies
+  cause: Because leakyfixture was not found in the package registry and you require
+  leakyfixture, we can conclude that your requirements are unsatisfiable.
+"""
+
+
+def test_uv_failing_on_a_request_is_told_apart_from_what_an_index_held() -> None:
+    assert uvrun.network_failure(UV_REFUSED)  # uv 0.9's own words, captured
+    assert not uvrun.network_failure(UV_NOT_FOUND)
+
+
+def test_under_the_rule_a_failed_fetch_is_one_line_without_uv_s_words(
+    reachable_tmp: Path,
+) -> None:
+    # Port 1 on loopback refuses at once; the rule lists it (an operator's allowlist), so uv
+    # runs and fails on the request: the job learns that it failed, never what answered.
+    index = "http://127.0.0.1:1/simple"
+    spec = EnvSpec(package="leakyfixture", version="1.0.0", index_url=index,
+                   reach=Reach(hosts=("127.0.0.1:1",)))  # fmt: skip
+    result = envs.build_env(spec, root=reachable_tmp / "envs", cache_dir=reachable_tmp / "c")
+    assert (result.ok, result.error) == (False, uvrun.FETCH_FAILED)
