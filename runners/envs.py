@@ -71,6 +71,7 @@ from contract.errors import Unavailable
 from contract.paths import uv_cache_dir
 from contract.wire import EnvResult, EnvSpec, clip
 from runners import publish, safefs
+from runners.egress import egress
 from runners.publish import PublishError, create_file, owner_key, replace_file
 from runners.sandbox import give, private_dir
 from runners.users import Identities, blocked_by, identities
@@ -411,6 +412,7 @@ def resolve_pins(
         owner_cache(cache_root, owner, ids) as cache,
         private_dir(ids.build, "leakbisect-pins-") as tmp,
         _inputs() as inputs,
+        egress(spec.reach) as proxy,
     ):
         _trust_clone(spec, tmp, ids)
         create_file(inputs, "requirements.in", "\n".join([pin, *spec.requirements]).encode())
@@ -420,7 +422,7 @@ def resolve_pins(
             "--no-header", "--no-annotate", "--no-strip-markers",
             *index_args(spec),
         ]  # fmt: skip
-        proc = run_uv(cmd, uv_env(cache, home=tmp) | git, None, cwd=tmp, ids=ids)
+        proc = run_uv(cmd, uv_env(cache, home=tmp) | git | proxy, None, cwd=tmp, ids=ids)
     if proc.returncode != 0:
         reason = one_line_reason(proc.stderr)
         if spec.reach is not None and network_failure(proc.stderr):
@@ -733,12 +735,13 @@ def build_env(
             owner_cache(cache_root, owner, ids) as cache,
             private_dir(ids.build, "leakbisect-build-") as home,
             _inputs() as inputs,
+            egress(spec.reach) as proxy,  # every connection uv makes, judged by the rule
         ):
             build.staging = publish.staging_dir(root, key, ids.build)
             try:
                 build.cache, build.home, build.inputs = cache, home, inputs
                 build.env = uv_env(cache, link_from=root, home=home,
-                                   copy=ids.build is not None) | git  # fmt: skip
+                                   copy=ids.build is not None) | git | proxy  # fmt: skip
                 _trust_clone(spec, home, ids)
                 return build.build(pin, constraints)
             finally:

@@ -25,6 +25,7 @@ from contract import outbound
 from contract.outbound import Reach, Refused
 from contract.wire import CommitRange, EnvSpec
 from runners import commits, envs, gitrun, uvrun
+from runners.egress import Egress
 from service.app import create_app
 from service.index import FetchPolicy, IndexUnavailable, list_releases
 from service.settings import Settings
@@ -383,3 +384,90 @@ def test_under_the_rule_a_failed_fetch_is_one_line_without_uv_s_words(
                    reach=Reach(hosts=("127.0.0.1:1",)))  # fmt: skip
     result = envs.build_env(spec, root=reachable_tmp / "envs", cache_dir=reachable_tmp / "c")
     assert (result.ok, result.error) == (False, uvrun.FETCH_FAILED)
+
+
+# --------------------------------------------------------------------------- uv's connections
+
+
+@contextmanager
+def redirecting(to: str) -> Iterator[int]:
+    """A loopback server that answers every GET with a redirect to `to` + the path."""
+    handler = type("Redirect", (_Redirect,), {"target": to})
+    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        yield server.server_address[1]
+    finally:
+        server.shutdown()
+
+
+def test_uv_is_never_connected_where_an_allowed_index_redirects(reachable_tmp: Path) -> None:
+    """uv follows redirects and has no setting against it: under the rule its connections
+    go through runners.egress, which judges each when it is made. The listed index
+    redirects to a port the rule does not list; nothing connects there."""
+    with listener() as (port, accepted), redirecting(f"http://127.0.0.1:{port}") as index_port:
+        spec = EnvSpec(package="leakyfixture", version="1.0.0",
+                       index_url=f"http://127.0.0.1:{index_port}/simple",
+                       reach=Reach(hosts=(f"127.0.0.1:{index_port}",)))  # fmt: skip
+        result = envs.build_env(spec, root=reachable_tmp / "envs", cache_dir=reachable_tmp / "c")
+        with pytest.raises(envs.EnvError):
+            envs.resolve_pins(spec, cache_dir=reachable_tmp / "c")
+    assert result.ok is False
+    assert accepted == []
+    assert str(port) not in (result.error or "")
+
+
+def test_under_the_rule_a_listed_index_still_builds_through_the_proxy(
+    reachable_tmp: Path, fixture_index: str
+) -> None:
+    host = fixture_index.split("/")[2]
+    spec = EnvSpec(package="leakyfixture", version="1.0.0", index_url=fixture_index,
+                   reach=Reach(hosts=(host,)))  # fmt: skip
+    result = envs.build_env(spec, root=reachable_tmp / "envs", cache_dir=reachable_tmp / "c")
+    assert result.ok, result.error
+    assert "leakyfixture==1.0.0" in result.freeze
+    assert envs.resolve_pins(spec, cache_dir=reachable_tmp / "c2") == ["leakyfixture==1.0.0"]
+
+
+def test_the_proxy_refuses_before_connecting_and_forwards_one_request_a_connection() -> None:
+    with listener() as (port, accepted), Egress(Reach(hosts=("127.0.0.1:1",))) as proxy:
+        proxy_port = int(proxy.url.rsplit(":", 1)[1])
+        for head in (f"CONNECT 127.0.0.1:{port} HTTP/1.1\r\n\r\n",
+                     f"GET http://127.0.0.1:{port}/x HTTP/1.1\r\nHost: a\r\n\r\n"):  # fmt: skip
+            with socket.create_connection(("127.0.0.1", proxy_port)) as client:
+                client.sendall(head.encode())
+                assert client.recv(100).startswith(b"HTTP/1.1 403 ")
+        with socket.create_connection(("127.0.0.1", proxy_port)) as client:
+            client.sendall(b"nonsense\r\n\r\n")
+            assert client.recv(100).startswith(b"HTTP/1.1 400 ")
+    assert accepted == []
+    assert proxy.refused == [
+        f"127.0.0.1:{port}: host 127.0.0.1 is not in BISECT_ALLOWED_INDEXES",
+        f"http://127.0.0.1:{port}/x: host 127.0.0.1 is not in BISECT_ALLOWED_INDEXES",
+    ]
+
+
+def test_a_plain_request_goes_on_in_origin_form_with_connection_close() -> None:
+    got: list[bytes] = []
+    server = socket.create_server(("127.0.0.1", 0))
+
+    def answer() -> None:
+        conn, _ = server.accept()
+        with conn:
+            got.append(conn.recv(65536))
+            conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+
+    threading.Thread(target=answer, daemon=True).start()
+    port = server.getsockname()[1]
+    with Egress(Reach(hosts=(f"127.0.0.1:{port}",))) as proxy:
+        proxy_port = int(proxy.url.rsplit(":", 1)[1])
+        with socket.create_connection(("127.0.0.1", proxy_port)) as client:
+            client.sendall(f"GET http://127.0.0.1:{port}/simple/p/ HTTP/1.1\r\nHost: h\r\n"
+                           "Proxy-Connection: keep-alive\r\nConnection: keep-alive\r\n\r\n"
+                           .encode())  # fmt: skip
+            reply = b""
+            while chunk := client.recv(65536):
+                reply += chunk
+    server.close()
+    assert reply.endswith(b"\r\n\r\nok")
+    assert got == [b"GET /simple/p/ HTTP/1.1\r\nHost: h\r\nConnection: close\r\n\r\n"]
