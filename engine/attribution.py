@@ -17,7 +17,9 @@ Rules, in code order:
    warm-up in which the stack grew: a leak grows in nearly every one, a spike in one.
    With step markers the first bad release is judged on no step the last good one was
    not (`judged`): from the good run's first judged marker to its last, since snapshots
-   fall where the timing puts them and a third of each run's can be different steps.
+   fall where the timing puts them and a third of each run's can be different steps;
+   where fewer than two of the bad run's snapshots lie in that window, from its last
+   snapshot before it (the smallest window that can show growth at all).
 3. Stacks match across the two releases by their frames (file relative to site-packages,
    line, function). A stack counts when it grows by `MIN_GROWTH_BYTES` or more in the
    first bad release and by less than half as much in the last good one.
@@ -150,7 +152,19 @@ def judged(good: dict[str, Any], bad: dict[str, Any]) -> tuple[Growth, Growth]:
     if not marked or len(bad.get("snapshots") or []) < 2:
         return growth(good), growth(bad)
     since = int(snapshots[_warm(len(snapshots))]["marker"])
-    return growth(good), growth(_cut(bad, _last_marker(good)), since=since)
+    bad = _cut(bad, _last_marker(good))
+    return growth(good), growth(bad, since=_widened(bad, since))
+
+
+def _widened(profile: dict[str, Any], since: int) -> int:
+    """`since`, or where fewer than two of the profile's snapshots lie from it on (one run
+    stalled: its snapshots at markers 1, 3, 12 against the other's 1, 5, 9, 12), the marker
+    of its last snapshot before it: a window of one snapshot grows by nothing, and a leak
+    would be reported as all native."""
+    markers = [int(s.get("marker") or 0) for s in profile.get("snapshots") or []]
+    if sum(m >= since for m in markers) >= 2:
+        return since
+    return max((m for m in markers if m < since), default=since)
 
 
 def _modules(package: str) -> set[str]:

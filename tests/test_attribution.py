@@ -10,6 +10,7 @@ import signal
 import subprocess
 import sys
 import time
+import tracemalloc
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -624,3 +625,37 @@ def test_the_first_bad_release_is_judged_from_the_step_the_last_good_one_is() ->
     before, after = growth(good), growth(bad)
     key = tuple((f, n, fn) for f, n, fn in CACHE)
     assert (after[key][0], before[key][0]) == (int(1.5 * MIB), MIB // 2)
+
+
+def test_a_stalled_run_with_one_snapshot_in_the_window_is_judged_from_the_one_before() -> None:
+    # CI, loaded: the good run's snapshots at markers 1, 5, 9, 12 (judged from 5), the bad
+    # run's at 1, 3, 12 (a stall spaced them). From marker 5 on the bad run has only its
+    # last snapshot, which grows by nothing: the leak was reported as 0.0 MiB explained.
+    good_steps, bad_steps = [1, 5, 9, 12], [1, 3, 12]
+    good = marked((HELPER, [MIB] * 4), markers=good_steps)
+    bad = marked((HELPER, [MIB] * 3), (LEAK, [s * MIB for s in bad_steps]), markers=bad_steps)
+    found = compare(good, bad, "leakyfixture", tracer="tracemalloc", rss_growth_bytes=9 * MIB)
+    assert [(s["site"], s["growth_bytes"]) for s in found["stacks"]] == [
+        ("leakyfixture/__init__.py:22 in _touched", 9 * MIB)
+    ]
+    assert "native" not in (found.get("note") or ""), found
+
+
+def test_snapshots_are_spaced_by_their_cpu_time_not_the_wall_clock(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # A snapshot descheduled for 0.3 s of wall time on a loaded machine cost 1 ms of CPU:
+    # the next one is due after MIN_GAP_S, not five times 0.3 s.
+    limits = tracehelper.Limits()
+    limits.t0 = 0.0
+    walls, cpus = iter([0.0, 0.3]), iter([5.0, 5.001])
+    monkeypatch.setattr(tracehelper.time, "monotonic", lambda: next(walls, 0.3))
+    monkeypatch.setattr(tracehelper.time, "thread_time", lambda: next(cpus, 5.001))
+    snaps = tracehelper.Snapshots(tracehelper.__file__, limits)
+    tracemalloc.start()
+    try:
+        snaps.take(None, force=True, marker=1)
+    finally:
+        tracemalloc.stop()
+    assert snaps.gap == tracehelper.MIN_GAP_S
+    assert len(snaps.taken) == 1
