@@ -4,8 +4,13 @@
 The judged part (`judged_part`), in this order:
 
 1. Markers. Samples before the first step marker are set-up (imports, model and data
-   loading) and samples more than two typical step durations after the last marker are
-   teardown (evaluation, saving, freeing everything): neither is ever judged. Step numbers
+   loading) and those after the last marker are the last step and the teardown
+   (evaluation, saving, freeing everything): neither is ever judged. Of a run that ended
+   by itself (`ended`) no sample after its last marker is judged: the interpreter's exit
+   frees memory within a step of it, and one such sample in a last block that a sampler
+   stall thinned is that block's floor (a leak read as "slowed down"). Of a run still
+   going or killed (the early-stop rule's looks, a timeout, the memory cap), samples up
+   to two typical step durations after the last marker are its step in progress. Step numbers
    are taken as printed unless they ever decrease in time (a counter reset every epoch),
    then the markers are counted instead (`step_index`).
 2. By steps. With markers, the first max(warmup_steps, ceil(warmup_step_fraction x steps))
@@ -58,7 +63,7 @@ class Judged(NamedTuple):
 
 
 def step_index(
-    t: np.ndarray, steps: Sequence[tuple[float, int]]
+    t: np.ndarray, steps: Sequence[tuple[float, int]], ended: bool = False
 ) -> tuple[np.ndarray, np.ndarray, float]:
     """(the step of each sample or -1, which samples lie inside the marked loop, the first
     marker's time): rule 1 of the module docstring. `steps` must not be empty."""
@@ -72,7 +77,9 @@ def step_index(
     idx = np.searchsorted(mt, t, side="right") - 1
     step = np.where(idx >= 0, ms[np.maximum(idx, 0)], -1)
     inside = idx >= 0
-    if len(mt) >= 2:
+    if len(mt) >= 2 and ended:
+        inside &= t < mt[-1]
+    elif len(mt) >= 2:
         typical = float(np.median(np.diff(mt)))
         inside &= t <= mt[-1] + 2.0 * max(typical, 0.0) + 1e-9
     return step, inside, float(mt[0])
@@ -86,12 +93,13 @@ def judged_part(
     *,
     steps_only: bool = False,
     full_span: float = 0.0,
+    ended: bool = False,
 ) -> Judged | None:
     """The judged part of a run so far, as the module docstring's rules say; None: nothing
     to judge (too few samples, or too few judged steps with `steps_only`)."""
     tt, vv = t, v
     if steps:
-        step, inside, _ = step_index(t, steps)
+        step, inside, _ = step_index(t, steps, ended)
         if inside.any():
             first, last = int(step[inside].min()), int(step[inside].max())
             warm = max(s.warmup_steps, math.ceil(s.warmup_step_fraction * (last - first + 1)))

@@ -11,8 +11,9 @@ the ceiling. So, per series (host and GPU separately):
 
 1. Keep the judged part (contract/floors.py `judged_part`, the one definition
    the early-stop rule shares): when the script prints step markers, never what
-   comes before the first marker (set-up: imports, model and data loading) nor
-   the teardown after the last; then drop the first
+   comes before the first marker (set-up: imports, model and data loading) nor,
+   of a script that exited by itself, anything after the last (its last step and
+   its teardown); then drop the first
    `max(warmup_steps, ceil(warmup_step_fraction * steps))` steps and judge per
    step, or, with fewer judged steps than `min_blocks`, per second from the first
    marker on. Without markers, per second after `warmup_fraction` of the run.
@@ -328,6 +329,7 @@ def classify_series(
     steps: Sequence[tuple[float, int]] = (),
     *,
     oom_killed: bool = False,
+    ended: bool = False,
     settings: ClassifierSettings = ClassifierSettings(),  # noqa: B008 - frozen, safe to share
 ) -> SeriesAnalysis:
     """Judge one series of memory samples (bytes; None = unknown, dropped).
@@ -337,11 +339,13 @@ def classify_series(
     marker on (what comes before it is never judged). `oom_killed` says
     the run was killed by the memory cap: then a floor that rose by the threshold
     is a LEAK even when the run is too short or too irregular for the full test.
+    `ended` says the script exited by itself: nothing after its last marker is judged
+    (contract/floors.py rule 1).
     """
     tt, vv = _clean_series(t, values_bytes)
     peak = float(vv.max()) if len(vv) else None
 
-    part = judged_part(tt, vv, steps, settings) if len(tt) else None
+    part = judged_part(tt, vv, steps, settings, ended=ended) if len(tt) else None
     if part is None:
         return _insufficient(_too_few(tt, steps), "MiB/s", len(tt), peak)
     x, v, window = part.x, part.v, part.window
@@ -552,10 +556,14 @@ def classify_run(
     `gpu_bytes` None, or all None, means the GPU series is unavailable and
     `gpu` is None: a machine without a GPU must not make every run inconclusive.
     """
-    host = classify_series(t, host_bytes, steps, oom_killed=oom_killed, settings=settings)
+    # Exited by itself (not killed by a signal, the cap or the deadline): it tore down.
+    ended = exit_code is not None and exit_code >= 0 and not oom_killed and not timed_out
+    host = classify_series(
+        t, host_bytes, steps, oom_killed=oom_killed, ended=ended, settings=settings
+    )
     gpu = None
     if gpu_bytes is not None and np.isfinite(np.array(gpu_bytes, dtype=float)).any():
-        gpu = classify_series(t, gpu_bytes, steps, settings=settings)
+        gpu = classify_series(t, gpu_bytes, steps, ended=ended, settings=settings)
     leaking = [(name, a) for name, a in (("host", host), ("gpu", gpu)) if a and a.verdict.leaks]
     tt = np.asarray(t, dtype=float)
     duration = float(np.nanmax(tt) - np.nanmin(tt)) if len(tt) else 0.0

@@ -161,6 +161,24 @@ def test_stepped_seeds() -> None:
     assert flats == 0
 
 
+def test_what_follows_the_last_marker_of_a_run_that_exited_is_never_judged() -> None:
+    # CI, loaded: a 40-step leak whose sampler stalled 0.1 s in the last step block, then
+    # the interpreter's exit freed 250 MiB within a step of the last marker. The thinned
+    # last block's floor was that exit sample: "slowed down, but not clearly to a stop".
+    t, b, markers = synthetic.stepped_trace("leak", steps=40, seed=0, hz=50)
+    t, b = np.asarray(t), np.asarray(b, dtype=float)
+    last = markers[-1][0]
+    keep = (t < last - 0.25) | (t >= last - 0.1)  # the stall
+    t, b = t[keep], b[keep]
+    exit_t = t[-1] + np.array([0.02, 0.04])  # samples taken during the exit
+    t, b = np.append(t, exit_t), np.append(b, [b[-1] - 250 * MIB] * 2)
+    exited = classify_run(t, b, None, markers, exit_code=0, oom_killed=False, timed_out=False)
+    assert exited.verdict is L, exited.reason
+    # A run still going (or killed mid-step) has no teardown: its step in progress counts,
+    # and here that makes the exit samples the last block's floor.
+    assert classify_series(t, b, markers).verdict is not L
+
+
 def test_samples_before_the_first_marker_are_set_up() -> None:
     # The import ramp before the first marker must not read as growth.
     t, b, markers = synthetic.stepped_trace("flat", steps=40, setup_s=3.0, seed=2)

@@ -41,7 +41,7 @@ def timed(scenario: str, seed: int, **params: float) -> PooledRun:
 # ------------------------------------------------------------------------- verdicts
 
 
-@pytest.mark.parametrize("base", [144, 348, 756])
+@pytest.mark.parametrize("base", [151, 406, 754])
 def test_three_noisy_clean_runs_are_clean_together(base: int) -> None:
     # 40 steps under 6 MiB of AR(1) noise: each run alone is too uncertain to call.
     runs = [stepped("flat", base + i, noise_mib=6.0) for i in range(3)]
@@ -53,7 +53,7 @@ def test_three_noisy_clean_runs_are_clean_together(base: int) -> None:
     assert pooled.host is not None and pooled.host.slope_high < pooled.host.rate_threshold
 
 
-@pytest.mark.parametrize("base", [330, 495, 513])
+@pytest.mark.parametrize("base", [169, 313, 331])
 def test_three_slow_leak_runs_leak_together(base: int) -> None:
     # 1 MiB a step on 500 MiB (threshold 25 MiB over ~37 judged steps) under 6 MiB noise.
     runs = [stepped("leak", base + i, noise_mib=6.0, leak_mib_per_step=1.0) for i in range(3)]
