@@ -19,7 +19,9 @@ the ceiling. So, per series (host and GPU separately):
    marker on. Without markers, per second after `warmup_fraction` of the run.
 2. Split what is left into `clamp(n // block_samples, min_blocks, max_blocks)`
    blocks of equal width (seconds, or steps when markers exist) and take each
-   block's `floor_percentile`: its floor.
+   block's `floor_percentile`: its floor. Where fewer than `min_blocks` blocks have
+   `min_block_samples` samples (the sampler stalled on a loaded machine), cut finer,
+   one block more at a time while the samples allow, until `min_blocks` are usable.
 3. Fit a Theil-Sen slope to the floors with its `confidence` interval.
    growth = slope x window, the window being the judged span in seconds or the
    number of judged steps. The threshold is
@@ -400,6 +402,14 @@ def _classify_blocks(
         )
     n_blocks = min(max(n // s.block_samples, s.min_blocks), max_possible)
     fx, floors, wide = _floors(x, v, n_blocks, s)
+    # A sampler stalled on a loaded machine leaves a stretch without samples: cut finer,
+    # one block more at a time, until min_blocks blocks are usable or the samples run out.
+    finer = n_blocks
+    while len(floors) < s.min_blocks and finer < max_possible:
+        finer += 1
+        cut = _floors(x, v, finer, s)
+        if len(cut[1]) >= s.min_blocks:
+            fx, floors, wide = cut
     if len(floors) < s.min_blocks:
         return _insufficient(
             f"too few usable blocks: {len(floors)} of {n_blocks} have "

@@ -179,6 +179,20 @@ def test_what_follows_the_last_marker_of_a_run_that_exited_is_never_judged() -> 
     assert classify_series(t, b, markers).verdict is not L
 
 
+def test_a_stall_that_empties_a_block_cuts_the_blocks_finer() -> None:
+    # CI, loaded: the sampler stalled 0.3 s of a 2 s, 40-step run; one of six blocks had
+    # no samples and the run was "too few usable blocks: 5 of 6 have 3+ samples".
+    t, b, markers = synthetic.stepped_trace("leak", steps=40, step_s=0.05, seed=0, hz=50)
+    t, b = np.asarray(t), np.asarray(b, dtype=float)
+    stalled = (t >= markers[20][0]) & (t < markers[20][0] + 0.35)
+    a = classify_series(t[~stalled], b[~stalled], markers)
+    assert a.verdict is L, a.reason
+    assert len(a.floors_mib) >= 6
+    # The same with too few samples left for six blocks is still too few.
+    few = classify_series(t[:: 12], b[:: 12], markers)
+    assert few.verdict is INC and few.reason.startswith("too few"), few.reason
+
+
 def test_samples_before_the_first_marker_are_set_up() -> None:
     # The import ramp before the first marker must not read as growth.
     t, b, markers = synthetic.stepped_trace("flat", steps=40, setup_s=3.0, seed=2)
