@@ -130,8 +130,7 @@ def test_watch_a_bisection_live(
         assert took_running
         assert page.inner_text("#answer") == "first bad 1.0.6, last good 1.0.5, confirmed twice"
 
-        page.click("a.cell[data-version='1.0.0']")
-        page.wait_for_selector("#candidate h2:has-text('Release 1.0.0')")
+        check_a_late_refresh_never_undoes_a_click(page)
         page.click("a.cell[data-version='1.0.6']")
         page.wait_for_selector("#candidate h2:has-text('Release 1.0.6')")
         assert page.url == f"{server}/jobs/{job}?candidate=1.0.6"
@@ -190,6 +189,38 @@ def check_without_javascript(browser: Any, server: str, job: int) -> None:
     page.click("a.cell[data-version='1.0.0']")  # a plain link without JavaScript
     assert page.url == f"{server}/jobs/{job}?candidate=1.0.0"
     assert page.inner_text("#candidate h2") == "Release 1.0.0: clean"
+
+
+def check_a_late_refresh_never_undoes_a_click(page: Any) -> None:
+    """The panel's own refresh (as on SSE "changed", for the release it shows) is held in
+    flight while the reader clicks 1.0.9; when it answers it is not swapped in, and nothing
+    was aborted (htmx logs an aborted request to the console as an error)."""
+    assert "candidate=1.0.9" not in page.get_attribute("#job-live", "hx-get")
+    held: list[Any] = []
+
+    def hold(route: Any) -> None:
+        if "candidate=1.0.9" in route.request.url or held:
+            route.continue_()
+        else:
+            held.append(route)
+
+    page.route("**/fragments/live*", hold)
+    # What a "changed" message does: the panel fetches its own hx-get into itself.
+    page.evaluate(  # not awaited: its promise settles only once the held answer is in
+        "() => { htmx.ajax('GET', document.getElementById('job-live').getAttribute('hx-get'),"
+        " {source: '#job-live', target: '#job-live', swap: 'outerHTML'}); }"
+    )
+    deadline = time.monotonic() + 30
+    while not held:
+        assert time.monotonic() < deadline, "the refresh was never sent"
+        page.wait_for_timeout(50)
+    page.click("a.cell[data-version='1.0.9']")
+    page.wait_for_selector("#candidate h2:has-text('Release 1.0.9')")
+    with page.expect_response(held[0].request.url):
+        held[0].continue_()
+    page.wait_for_timeout(500)  # the late answer's handlers have run
+    assert "Release 1.0.9" in page.inner_text("#candidate h2")
+    page.unroute("**/fragments/live*")
 
 
 def check_hostile_output(browser: Any, server: str, db_url: str, errors: list[str]) -> None:

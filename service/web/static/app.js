@@ -96,6 +96,34 @@
     });
   }
 
+  // The live panel (#job-live) refreshes itself (SSE "changed", every 30 s) for the release
+  // it shows; a click on a release of its strip replaces it with that release's. A refresh
+  // never undoes a click: none is sent while a click's request is in flight, and the answer
+  // to one sent before a click is not swapped in (it would show the old release, and swap
+  // the click's panel out). Not hx-sync's "replace": it aborts the refresh, and htmx logs
+  // every aborted request to the console as an error.
+  // Each request is marked when sent (swap events fire on the target, not the requester).
+  var clicks = 0, clicking = 0;
+  document.addEventListener("htmx:beforeRequest", function (e) {
+    var d = e.detail;
+    if (d.elt && d.elt.id === "job-live") {
+      if (clicking) { e.preventDefault(); return; }
+      d.xhr.leakbisect = { refresh: true, clicks: clicks };
+    } else if (d.target && d.target.id === "job-live") {
+      clicks += 1;
+      clicking += 1;
+      d.xhr.leakbisect = { click: true };
+    }
+  });
+  document.addEventListener("htmx:beforeSwap", function (e) {
+    var mark = e.detail.xhr && e.detail.xhr.leakbisect;
+    if (mark && mark.refresh && mark.clicks !== clicks) { e.detail.shouldSwap = false; }
+  });
+  document.addEventListener("htmx:afterRequest", function (e) {
+    var mark = e.detail.xhr && e.detail.xhr.leakbisect;
+    if (mark && mark.click) { clicking = Math.max(0, clicking - 1); }
+  });
+
   // A live refresh replaces the fragment: keep the sections the reader opened open.
   var opened = [];
   document.addEventListener("htmx:beforeSwap", function () {
