@@ -32,6 +32,9 @@ class Config:
     seed: int = 20240607
     workers: int = field(default_factory=lambda: max(1, os.cpu_count() or 1))
     log: Callable[[str], None] = field(default=lambda msg: print(msg, file=sys.stderr, flush=True))
+    # What one section of a quick run measured that a later one would measure again, the
+    # same way (the naive loop over the bundled fixture: sections 5 and 6), by name.
+    measured: dict[str, Any] = field(default_factory=dict)
 
     def pick(self, full: Any, quick: Any) -> Any:
         """`full` in a full run, `quick` in a quick one."""

@@ -40,6 +40,8 @@ NAIVE_THRESHOLD_KIB = 8 * 1024
 # fork to the repro's imports, and our verdicts on 2-second runs on a busy machine can
 # come out inconclusive or flaky. A full run repeats both (ours: 1 cold + 4 warm).
 REPEATS = 5
+# The bundled fixture's naive loop, which a quick run measures once (`Config.measured`).
+NAIVE_BUNDLED = "naive loop, bundled fixture"
 
 NAIVE_LOOP = r"""#!/usr/bin/env bash
 # Naive bisection: install each release in turn with pip, run the repro, blame the first
@@ -187,6 +189,8 @@ def run(cfg: Config) -> dict[str, Any]:
                 for j in range(repeats):
                     cfg.log(f"e2e: naive venv + pip loop, {label}, run {j + 1} of {repeats}")
                     naive = naive_loop(repro, url, work / f"naive-{k}-{j}", versions)
+                    if cfg.quick and k == 0:
+                        cfg.measured[NAIVE_BUNDLED] = naive
                     how = "naive loop: venv + pip, last − first RSS"
                     if repeats > 1:
                         how += f" (run {j + 1} of {repeats})"
