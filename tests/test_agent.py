@@ -131,6 +131,22 @@ class AgentThread:
         return any(text in line for line in self.lines)
 
 
+def sleeper_started(at: AgentThread, client: ApiClient, job_id: int) -> bool:
+    """Waits until the agent runs the job's sleeper; a timeout says where the job and the
+    agent were."""
+
+    def state() -> str:
+        job = client.get_job(job_id)
+        return f"job {job['status']} ({job.get('error')}); agent said: {at.lines[-8:]}"
+
+    return wait_until(
+        lambda: at.agent.current is not None and at.agent.current.pgid is not None,
+        60,
+        "the sleeper to start",
+        explain=state,
+    )
+
+
 def group_alive(pgid: int) -> bool:
     try:
         os.killpg(pgid, 0)
@@ -160,12 +176,7 @@ def test_stale_heartbeat_kills_the_trial(
 ) -> None:
     job_id = submit(client, fixture_index, SLEEPER)
     with AgentThread(client, reachable_tmp, uv_cache) as at:
-        running = wait_until(
-            lambda: at.agent.current is not None and at.agent.current.pgid is not None,
-            60,
-            "the sleeper to start",
-        )
-        assert running
+        assert sleeper_started(at, client, job_id)
         trial = at.agent.current
         assert trial is not None and trial.pgid is not None
         pgid = trial.pgid
@@ -190,11 +201,7 @@ def test_stop_gives_the_lease_back(
     job_id = submit(client, fixture_index, SLEEPER)
     try:
         with AgentThread(client, reachable_tmp, uv_cache, grace_s=0.5) as at:
-            wait_until(
-                lambda: at.agent.current is not None and at.agent.current.pgid is not None,
-                60,
-                "the sleeper to start",
-            )
+            sleeper_started(at, client, job_id)
             trial = at.agent.current
             assert trial is not None and trial.pgid is not None
             at.agent.stop()
@@ -320,8 +327,8 @@ def test_a_spooled_report_is_sent_when_the_runner_starts_again(
             pins=[f"leakyfixture=={lease_.trial.env.version}"],
         )
         spool.put(report, me.runner_id, me.runner_secret)
-    entries = sorted((state / "spool").iterdir())
-    assert [p.name for p in entries] == [f"trial-{t}-a1.json" for t in sorted(map(tid, held))]
+    entries = list((state / "spool").iterdir())
+    assert sorted(p.name for p in entries) == sorted(f"trial-{tid(h)}-a1.json" for h in held)
     assert (state / "spool").stat().st_mode & 0o777 == 0o700  # they hold the runner secret
     assert {p.stat().st_mode & 0o777 for p in entries} == {0o600}
 

@@ -46,10 +46,12 @@ def test_an_index_served_on_the_port_asked_for(tmp_path: Path) -> None:
 def test_serve_git_serves_the_repository_until_interrupted(tmp_path: Path) -> None:
     """`serve-git REPO`: prints the URL, git clones it over http, Ctrl-C ends it cleanly."""
     made = build_repo(tmp_path / "repo")
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "service.example", "serve-git", str(made.path)],
-        stdout=subprocess.PIPE, text=True,
-    )  # fmt: skip
+    stacks = tmp_path / "stacks.txt"  # faulthandler's dump, should it hang at the end
+    with stacks.open("w") as err:
+        proc = subprocess.Popen(
+            [sys.executable, "-X", "faulthandler", "-m", "service.example", "serve-git",
+             str(made.path)], stdout=subprocess.PIPE, stderr=err, text=True,
+        )  # fmt: skip
     try:
         assert proc.stdout is not None
         url = proc.stdout.readline().strip()
@@ -60,4 +62,10 @@ def test_serve_git_serves_the_repository_until_interrupted(tmp_path: Path) -> No
         assert tags == {"refs/tags/v1.0.5", "refs/tags/v1.0.6"}
     finally:
         proc.send_signal(signal.SIGINT)
-        assert proc.wait(timeout=10) == 0
+        try:
+            code = proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.send_signal(signal.SIGABRT)  # faulthandler prints every thread's stack
+            proc.wait(timeout=10)
+            pytest.fail(f"serve-git did not end on SIGINT; its threads:\n{stacks.read_text()}")
+        assert code == 0, stacks.read_text()
