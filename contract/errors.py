@@ -69,3 +69,9 @@ class LimitExceeded(LeakbisectError):
 class TooLarge(LimitExceeded):
     """One request asks for more than a deployment allows at once (a range of too many
     releases): it will not succeed later as it is; asked smaller, it may."""
+
+
+class InfrastructureFailure(Unavailable):
+    """The machine under a trial failed (a Slurm node failed, the job was preempted or its
+    node never booted): no outcome of the release, so the trial goes back to the queue
+    without using an attempt."""

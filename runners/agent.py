@@ -12,6 +12,10 @@ returns as for any killed script, after sweeping stragglers and the cgroup. A
 kill requested while the environment is still being built takes effect the
 moment the script starts (uv builds are not interrupted).
 
+A trial whose machine failed under it (`contract.errors.InfrastructureFailure`: a Slurm
+node failed, the job was preempted) has no outcome: its lease is given back, so it is
+queued again without using an attempt, and the log says why.
+
 Stopping (`stop()`, SIGTERM or SIGINT through `install_signal_handlers`): no
 new leases; a running trial may finish within ``grace_s`` (and is reported as
 usual), else it is killed and its lease given back (queued again without
@@ -57,6 +61,7 @@ from typing import Any
 
 import psutil
 
+from contract.errors import InfrastructureFailure
 from contract.executor import Executor, Kill
 from contract.wire import (
     EnvResult,
@@ -162,6 +167,7 @@ class _Trial:
         self.spec = lease.trial
         self.rss: int | None = None
         self.report: TrialReport | None = None
+        self.requeue: str | None = None  # why it goes back to the queue, verdictless
         self.killed = False
         self._kill: Kill | None = None
         self._lock = threading.Lock()
@@ -173,6 +179,8 @@ class _Trial:
     def _target(self) -> None:
         try:
             self.report = self._run(self)
+        except InfrastructureFailure as exc:  # a failed node is no outcome of the release
+            self.requeue = str(exc)
         except Exception as exc:  # noqa: BLE001 - the runner's own failure is the trial's error
             self.report = TrialReport(
                 trial_id=self.spec.trial_id,
@@ -395,7 +403,7 @@ class Agent:
             self.log(f"trial {spec.trial_id}: report dropped (lease lost)")
             return
         if giving_back or report is None:
-            self._give_back(lease, "shutting down")
+            self._give_back(lease, trial.requeue or "shutting down")
             return
         report = report.model_copy(update={"runner_id": self.runner_id, "attempt": spec.attempt})
         assert self.runner_id is not None

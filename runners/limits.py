@@ -25,6 +25,17 @@ Every trial runs under a cap so that a leaking release never takes the runner
     (kernel >= 4.13); on older kernels we fall back to ``memory.failcnt`` > 0
     together with a SIGKILL exit. Unlike v2 the kernel kills only the largest
     task, not the whole tree.
+``enclosing``
+    The cgroup the runner itself is in, capped by someone else: the Slurm job's
+    allocation (`runners.slurm`: ``--mem`` under ``task/cgroup`` with
+    ``ConstrainRAMSpace``). Nothing is created or written: the script runs in that
+    cgroup, so the kernel's OOM kill is one Slurm sees and reports as OUT_OF_MEMORY,
+    and no second cap fights Slurm's. The limit is the smallest ``memory.max`` /
+    ``memory.limit_in_bytes`` on the cgroup and its ancestors (`CapError` when there is
+    none: a trial never runs uncapped); OOM kills are the cgroup's ``oom_kill`` counter
+    less its value when the cap was taken. The processes already in the cgroup then
+    (the runner itself, Slurm's batch shell) are never the trial's: never sampled,
+    never killed. Processes are held by RLIMIT_NPROC as under the watchdog.
 ``watchdog``
     No kernel help: the sampler compares the tree's RSS against the limit at
     every sample and kills the whole tree, then calls `trip()`. A leak faster
@@ -72,7 +83,7 @@ import psutil
 
 from contract.errors import Unavailable
 
-CapMethod = Literal["cgroup-v1", "cgroup-v2", "watchdog"]
+CapMethod = Literal["cgroup-v1", "cgroup-v2", "enclosing", "watchdog"]
 METHODS: tuple[CapMethod, ...] = ("cgroup-v2", "cgroup-v1", "watchdog")
 
 # Fraction of the machine's available memory used when a job sets no cap.
@@ -390,6 +401,8 @@ class MemoryCap:
         pids_limit: int | None = None,
     ):
         self.method: CapMethod = method
+        # The cgroup's file names: v2's, else v1's (an enclosing cap may be either).
+        self.v2 = method == "cgroup-v2"
         self.limit_bytes = int(limit_bytes)
         self.path = path  # the trial's memory cgroup directory (None for the watchdog)
         self.pids_path = pids_path
@@ -398,9 +411,13 @@ class MemoryCap:
         self._tripped = False
         self._closed = False
         self._procs_files: list[bytes] = []
+        self._foreign: frozenset[int] = frozenset()  # enclosing: not the trial's
+        self._oom_base = 0
         self._refresh_dirs()
 
     def _refresh_dirs(self) -> None:
+        if self.method == "enclosing":  # the child is in it already; nothing to join
+            return
         self._procs_files = [os.fsencode(d / "cgroup.procs") for d in self.dirs]
 
     @property
@@ -428,6 +445,8 @@ class MemoryCap:
         """
         if limit_bytes <= 0:
             raise ValueError("limit_bytes must be positive")
+        if method == "enclosing":
+            return cls.enclosing(root)
         if method is not None and method not in METHODS:
             raise ValueError(f"unknown cap method {method!r}")
         if pids_limit is not None and pids_limit <= 0:
@@ -517,6 +536,27 @@ class MemoryCap:
         cap._refresh_dirs()
         return cap
 
+    @classmethod
+    def enclosing(cls, root: Path = Path("/")) -> MemoryCap:
+        """The cgroup this process is in as the trial's cap, capped by its owner (Slurm):
+        see ``enclosing`` in the module docstring. `CapError` when no limit encloses it."""
+        layout = discover(root)
+        if layout.v2 is not None and (layout.v2 / "memory.events").is_file():
+            path, v2, limit_file = layout.v2, True, "memory.max"
+        elif layout.v1_memory is not None:
+            path, v2, limit_file = layout.v1_memory, False, "memory.limit_in_bytes"
+        else:
+            raise CapError("no memory cgroup encloses this process")
+        limits = [_read_int(d / limit_file) for d in (path, *path.parents)]
+        found = [n for n in limits if n is not None and n < (1 << 60)]
+        if not found:
+            raise CapError(f"no memory limit on {path} or above it")
+        cap = cls("enclosing", min(found), path)
+        cap.v2 = v2
+        cap._foreign = frozenset(cap.pids())
+        cap._oom_base = cap.oom_kill_count() or 0
+        return cap
+
     # -- joining
 
     def preexec(self) -> None:
@@ -548,7 +588,7 @@ class MemoryCap:
             except OSError:
                 continue
             found.update((int(x), None) for x in text.split() if x.isdigit())
-        return list(found)
+        return [p for p in found if p not in self._foreign]
 
     def memory_pids(self) -> set[int]:
         """Processes in the memory cgroup itself: a trial process outside it escaped."""
@@ -574,7 +614,9 @@ class MemoryCap:
             return self._tripped
         if self.path is None:
             return False
-        if self.method == "cgroup-v2":
+        if self.method == "enclosing":
+            return (self.oom_kill_count() or 0) > 0
+        if self.v2:
             return _read_keyed(self.path / "memory.events").get("oom_kill", 0) > 0
         ctl = _read_keyed(self.path / "memory.oom_control")
         if "oom_kill" in ctl:
@@ -587,9 +629,11 @@ class MemoryCap:
             return int(self._tripped)
         if self.path is None:
             return None
-        if self.method == "cgroup-v2":
-            return _read_keyed(self.path / "memory.events").get("oom_kill")
-        return _read_keyed(self.path / "memory.oom_control").get("oom_kill")
+        events = "memory.events" if self.v2 else "memory.oom_control"
+        count = _read_keyed(self.path / events).get("oom_kill")
+        if count is None or self.method != "enclosing":
+            return count
+        return count - self._oom_base
 
     def forks_refused(self) -> int | None:
         """How many forks the pids limit refused (``pids.events`` ``max``); None: no limit."""
@@ -601,13 +645,13 @@ class MemoryCap:
         """The cgroup's charged memory now (includes page cache); None for the watchdog."""
         if self.path is None:
             return None
-        f = "memory.current" if self.method == "cgroup-v2" else "memory.usage_in_bytes"
+        f = "memory.current" if self.v2 else "memory.usage_in_bytes"
         return _read_int(self.path / f)
 
     def peak_bytes(self) -> int | None:
         if self.path is None:
             return None
-        f = "memory.peak" if self.method == "cgroup-v2" else "memory.max_usage_in_bytes"
+        f = "memory.peak" if self.v2 else "memory.max_usage_in_bytes"
         return _read_int(self.path / f)
 
     # -- watchdog
@@ -628,7 +672,7 @@ class MemoryCap:
             pids = self.pids()
             if not pids:
                 return True
-            if self.method == "cgroup-v2" and kill_file.exists():
+            if self.method == "cgroup-v2" and kill_file.exists():  # never an enclosing one
                 with contextlib.suppress(OSError):
                     _write(kill_file, "1")
             for pid in pids:
@@ -644,6 +688,9 @@ class MemoryCap:
             return
         self._closed = True
         if self.path is None:
+            return
+        if self.method == "enclosing":  # not ours to move out of or remove
+            self.kill_all()
             return
         if not self.kill_all():
             for d in self.dirs:

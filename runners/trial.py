@@ -34,6 +34,7 @@ from runners import tracing
 from runners.envs import prepare_dirs
 from runners.executor import run_script
 from runners.kinds import Dirs, handler
+from runners.limits import CapMethod
 from runners.nvml import GpuProbe
 from runners.sandbox import allowed_env, private_dir
 from runners.users import lease_trial_user
@@ -86,8 +87,12 @@ def execute_trial(
     on_sample: Callable[[Sample], None] | None = None,
     log: Callable[[str], None] | None = None,
     on_start: Callable[[Kill], None] | None = None,
+    cap_method: CapMethod | None = None,
 ) -> TrialReport:
-    """Do one trial as its kind's handler says (see the module docstring) and report."""
+    """Do one trial as its kind's handler says (see the module docstring) and report.
+
+    ``cap_method``: the script's `runners.limits.MemoryCap` method (None: the best one
+    here; ``"enclosing"`` in a Slurm job, whose allocation is the cap)."""
     kind = handler(spec.kind)
     dirs = Dirs(env_root=env_root, uv_cache=cache_dir, git_cache=cache_dir / "git")
     answer = kind.phase.work(kind.given(kind.env(spec), spec.commit_range), dirs, spec.owner, log)
@@ -95,7 +100,7 @@ def execute_trial(
     if isinstance(ready, TrialReport):
         return ready
     try:
-        run, profile = _run(spec, ready.python, gpu, on_sample, on_start)
+        run, profile = _run(spec, ready.python, gpu, on_sample, on_start, cap_method)
     except InvalidInput as exc:  # a BISECT_* variable: nothing ran
         return TrialReport(
             trial_id=spec.trial_id, attempt=spec.attempt, env=ready.env, error=clip(exc.detail())
@@ -109,6 +114,7 @@ def _run(
     gpu: GpuProbe | None,
     on_sample: Callable[[Sample], None] | None,
     on_start: Callable[[Kill], None] | None,
+    cap_method: CapMethod | None = None,
 ) -> tuple[Execution, dict | None]:
     """The script in a private working directory with its own HOME and TMPDIR; under the
     tracer its kind runs it with (`runners.kinds`), if any, and the profile it wrote.
@@ -145,6 +151,7 @@ def _run(
             on_start=on_start,
             run_as=trial_user,
             early_stop=spec.early_stop,
+            cap_method=cap_method,
         )
         owner = trial_user.uid if trial_user is not None else None
         profile = tracing.read_profile(work / tracing.PROFILE_NAME, uid=owner) if args else None

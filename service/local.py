@@ -13,6 +13,7 @@ from typing import Protocol
 
 from sqlmodel import Session
 
+from contract.errors import InfrastructureFailure
 from contract.executor import Executor, Kill
 from contract.wire import Sample, TrialReport, TrialSpec
 from engine.verdicts import Verdict
@@ -72,6 +73,7 @@ def run_job(
     """
     progress = progress or Quiet()
     trials = _Running(executor, jobs, log, progress.sample if jobs == 1 else None)
+    trials.say = progress.message
     try:
         with trials:
             while True:
@@ -126,9 +128,10 @@ class _Running:
     ) -> None:
         self.executor, self.slots, self.log, self.on_sample = executor, slots, log, on_sample
         self.pool = ThreadPoolExecutor(max_workers=slots, thread_name_prefix="trial")
-        self.futures: dict[Future[TrialReport], tuple[Candidate, Trial]] = {}
+        self.futures: dict[Future[TrialReport], tuple[Candidate, Trial, TrialSpec]] = {}
         self.kills: dict[int | None, Kill] = {}
         self.stopping = threading.Event()
+        self.say: Callable[[str], None] = log or (lambda _text: None)
 
     def free(self) -> bool:
         return len(self.futures) < self.slots
@@ -145,16 +148,23 @@ class _Running:
         future = self.pool.submit(
             self.executor.run_trial, spec, on_sample=self.on_sample, on_start=started, log=self.log
         )
-        self.futures[future] = (candidate, trial)
+        self.futures[future] = (candidate, trial, spec)
 
     def finished(self) -> list[tuple[Candidate, Trial, TrialReport]]:
-        """Wait for at least one trial to end; those that ended, in the order they started."""
+        """Wait for at least one trial to end; those that ended, in the order they started.
+
+        One whose machine failed under it (`InfrastructureFailure`: a Slurm node) has no
+        outcome: it is started again, as the API queues it again for a runner."""
         done, _ = wait(self.futures, return_when=FIRST_COMPLETED)
         out = []
         for future in [f for f in self.futures if f in done]:
-            candidate, trial = self.futures.pop(future)
+            candidate, trial, spec = self.futures.pop(future)
             self.kills.pop(trial.id, None)
-            out.append((candidate, trial, future.result()))
+            try:
+                out.append((candidate, trial, future.result()))
+            except InfrastructureFailure as exc:
+                self.say(f"trial {trial.id}: {exc}; starting it again")
+                self.start(candidate, trial, spec)
         return out
 
     def __enter__(self) -> "_Running":

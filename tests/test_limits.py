@@ -455,3 +455,36 @@ def test_real_cgroup_close_kills_leftovers():
     assert time.monotonic() - t < 5
     assert not cap.path.exists()
     assert not psutil.pid_exists(gpid) or psutil.Process(gpid).status() == psutil.STATUS_ZOMBIE
+
+
+def test_an_enclosing_cap_is_the_jobs_own_cgroup_read_never_written(tmp_path, monkeypatch):
+    """Slurm's cap (runners/slurm/job.py): the smallest limit on the runner's cgroup and
+    above it; oom kills counted from when it was taken; the processes already there (the
+    runner, Slurm's batch shell) never the trial's; nothing created, moved or removed."""
+    FakeKernel(monkeypatch)
+    own = make_v1_root(tmp_path)
+    job = own.parent  # Slurm limits the job or the step, not the task cgroup the runner is in
+    (job / "memory.limit_in_bytes").write_text(str(300 * MiB))
+    (own / "memory.limit_in_bytes").write_text(str(2**63 - 4096))
+    (own / "cgroup.procs").write_text("11\n12\n")
+    (own / "memory.oom_control").write_text("oom_kill_disable 0\nunder_oom 0\noom_kill 1\n")
+    cap = MemoryCap.create(123, "t", method="enclosing", root=tmp_path)
+    assert (cap.method, cap.path, cap.limit_bytes) == ("enclosing", own, 300 * MiB)
+    assert cap.pids() == [] and cap.oom_killed() is False  # the earlier kill is not the trial's
+    (own / "cgroup.procs").write_text("11\n12\n40\n")
+    (own / "memory.oom_control").write_text("oom_kill_disable 0\nunder_oom 0\noom_kill 2\n")
+    assert cap.pids() == [40] and cap.oom_killed() is True and cap.oom_kill_count() == 1
+    cap.preexec()  # the child is in the cgroup already: nothing to write
+    assert (own / "cgroup.procs").read_text() == "11\n12\n40\n"
+    (own / "cgroup.procs").write_text("11\n12\n")  # the trial has ended (no real pid 40 killed)
+    cap.close()
+    assert sorted(p.name for p in own.iterdir()) == sorted(V1_FILES)  # no child cgroup
+    assert (own / "memory.limit_in_bytes").read_text() == str(2**63 - 4096)
+
+
+def test_an_enclosing_cgroup_without_a_limit_is_refused(tmp_path, monkeypatch):
+    FakeKernel(monkeypatch)
+    own = make_v1_root(tmp_path)
+    (own / "memory.limit_in_bytes").write_text(str(2**63 - 4096))
+    with pytest.raises(CapError, match=f"no memory limit on {own} or above it"):
+        MemoryCap.create(123, "t", method="enclosing", root=tmp_path)

@@ -1,7 +1,9 @@
 """The executor options of `run`, `runner` and `serve`, and the one place executors are made.
 
-``--executor local`` (the default: trials as sandboxed child processes) or ``docker``
-(every trial in containers of ``--image``: `runners.docker.executor`). `with_executor_options`
+``--executor local`` (the default: trials as sandboxed child processes), ``docker``
+(every trial in containers of ``--image``: `runners.docker.executor`) or ``slurm`` (every
+trial one job of the Slurm cluster this machine submits to, its files under ``--slurm-dir``:
+`runners.slurm.executor`). `with_executor_options`
 adds the flags to a command; the command then calls `make_executor`, which fails in one
 line (exit status of `Unavailable`, `service.cli.errors`) when the engine or the image is
 missing.
@@ -12,6 +14,7 @@ from __future__ import annotations
 import contextvars
 import functools
 import inspect
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from enum import StrEnum
@@ -20,11 +23,12 @@ from typing import Annotated, Any, TypeVar
 
 import typer
 
-from contract.errors import Unavailable
+from contract.errors import InvalidInput, Unavailable
 from contract.executor import Executor
 from runners.docker.cgroup import DEFAULT_ROOT
 from runners.docker.executor import DEFAULT_CACHE_VOLUME, DEFAULT_IMAGE, IMAGE_ENV
 from runners.nvml import GpuProbe
+from runners.slurm.batch import DEFAULT_BUILD_MINUTES, SlurmOptions
 from runners.trial import LocalExecutor
 from service.cli.errors import exit_status, fail
 from service.settings import Settings
@@ -35,6 +39,7 @@ F = TypeVar("F", bound=Callable[..., Any])
 class ExecutorKind(StrEnum):
     local = "local"
     docker = "docker"
+    slurm = "slurm"
 
 
 @dataclass(frozen=True)
@@ -44,6 +49,11 @@ class ExecutorChoice:
     cache_volume: str = DEFAULT_CACHE_VOLUME
     env_volume: str | None = None
     cgroup_root: Path = DEFAULT_ROOT
+    slurm_dir: Path | None = None
+    partition: str | None = None
+    account: str | None = None
+    qos: str | None = None
+    build_minutes: int = DEFAULT_BUILD_MINUTES
 
 
 _CHOICE: contextvars.ContextVar[ExecutorChoice | None] = contextvars.ContextVar(
@@ -54,8 +64,9 @@ _PARAMS: dict[str, tuple[Any, Any]] = {
     "executor": (
         Annotated[ExecutorKind, typer.Option(
             "--executor", envvar="BISECT_EXECUTOR", case_sensitive=False,
-            help="Where trials run: local (sandboxed child processes) or docker (one "
-            "container per phase of each trial, from --image; needs a Docker engine).",
+            help="Where trials run: local (sandboxed child processes), docker (one "
+            "container per phase of each trial, from --image; needs a Docker engine) or "
+            "slurm (one Slurm job per trial; needs --slurm-dir).",
         )],
         ExecutorKind.local,
     ),
@@ -90,11 +101,49 @@ _PARAMS: dict[str, tuple[Any, Any]] = {
         )],
         DEFAULT_ROOT,
     ),
+    "slurm_dir": (
+        Annotated[Path | None, typer.Option(
+            "--slurm-dir", envvar="BISECT_SLURM_DIR", show_default=False,
+            help="--executor slurm: a directory every compute node sees at the same path; "
+            "the trials' files, the uv cache and the environments go under it.",
+        )],
+        None,
+    ),
+    "partition": (
+        Annotated[str | None, typer.Option(
+            "--partition", envvar="BISECT_SLURM_PARTITION", show_default=False,
+            help="--executor slurm: the partition trials are submitted to (default: the "
+            "cluster's).",
+        )],
+        None,
+    ),
+    "account": (
+        Annotated[str | None, typer.Option(
+            "--account", envvar="BISECT_SLURM_ACCOUNT", show_default=False,
+            help="--executor slurm: the account trials are charged to.",
+        )],
+        None,
+    ),
+    "qos": (
+        Annotated[str | None, typer.Option(
+            "--qos", envvar="BISECT_SLURM_QOS", show_default=False,
+            help="--executor slurm: the quality of service trials ask for.",
+        )],
+        None,
+    ),
+    "build_minutes": (
+        Annotated[int, typer.Option(
+            "--build-minutes", envvar="BISECT_SLURM_BUILD_MINUTES", min=0,
+            help="--executor slurm: minutes each job may spend building its environment, "
+            "added to the trial's timeout for the job's --time.",
+        )],
+        DEFAULT_BUILD_MINUTES,
+    ),
 }  # fmt: skip
 
 
 def with_executor_options(func: F) -> F:
-    """Add --executor, --image, --cache-volume, --env-volume, --cgroup-root to a command."""
+    """Add the executor options (`_PARAMS`) to a command."""
     signature = inspect.signature(func)
     params = list(signature.parameters.values())
     var_kw = [p for p in params if p.kind is inspect.Parameter.VAR_KEYWORD]
@@ -112,6 +161,11 @@ def with_executor_options(func: F) -> F:
             cache_volume=kwargs.pop("cache_volume"),
             env_volume=kwargs.pop("env_volume") or None,
             cgroup_root=Path(kwargs.pop("cgroup_root")),
+            slurm_dir=kwargs.pop("slurm_dir"),
+            partition=kwargs.pop("partition"),
+            account=kwargs.pop("account"),
+            qos=kwargs.pop("qos"),
+            build_minutes=kwargs.pop("build_minutes"),
         )
         token = _CHOICE.set(choice)
         try:
@@ -145,6 +199,29 @@ def make_executor(settings: Settings, gpu: GpuProbe | None, runner_name: str) ->
                 gpu=gpu,
                 cgroup_root=choice.cgroup_root,
             )
+        if choice.kind is ExecutorKind.slurm:
+            return _slurm_executor(choice, runner_name)
         return LocalExecutor(settings.env_root, settings.uv_cache_dir, gpu)
-    except Unavailable as exc:
+    except (Unavailable, InvalidInput) as exc:
         fail(str(exc), exit_status(exc))
+
+
+def _slurm_executor(choice: ExecutorChoice, runner_name: str) -> Executor:
+    from runners.agent import stderr_log
+    from runners.slurm.executor import SlurmExecutor
+
+    if choice.slurm_dir is None:
+        raise InvalidInput(
+            "--executor slurm needs --slurm-dir: a directory every compute node sees at "
+            "the same path",
+            field="slurm_dir",
+        )
+    options = SlurmOptions(
+        shared_dir=choice.slurm_dir.absolute(),
+        python=sys.executable,
+        partition=choice.partition,
+        account=choice.account,
+        qos=choice.qos,
+        build_minutes=choice.build_minutes,
+    )
+    return SlurmExecutor(runner_name, options, log=stderr_log)
