@@ -158,6 +158,55 @@ def test_a_kill_is_a_scancel_and_leaves_nothing_running(
     assert left == ""
 
 
+def test_a_job_cancelled_through_the_api_reaches_scancel_from_the_runner(
+    node: str, tmp_path: Path, reachable_tmp: Path, uv_cache: Path, fixture_index: str
+) -> None:
+    """`bisect-cli runner --executor slurm` against a live server: a cancelled job's trial
+    is the runner's to kill (its heartbeat is answered 409), and killing it is scancel."""
+    from tests.test_cli_service import Service, make_env
+
+    name = f"cancelled-{os.getpid()}"
+    shared = reachable_tmp / "shared"
+    shared.mkdir()
+    svc = Service(tmp_path, make_env(tmp_path, reachable_tmp, uv_cache))
+    svc.start_serve(f"sqlite:///{tmp_path / 'svc.db'}")
+    log = tmp_path / "runner.log"
+    with log.open("a") as err:
+        svc.runners.append(subprocess.Popen(
+            CLI + ["runner", "--server", svc.url, "--name", name, "--executor", "slurm",
+                   "--slurm-dir", str(shared)],
+            stdout=subprocess.DEVNULL, stderr=err, env=svc.env,
+        ))  # fmt: skip
+    sleeper = "import time\nprint('::leakbisect-step::', flush=True)\ntime.sleep(120)\n"
+    try:
+        with svc.client() as api:
+            job_id = api.submit({"package": "leakyfixture", "range": "1.0.0..1.0.1",
+                                 "script": sleeper, "index_url": fixture_index,
+                                 "timeout_s": 300, "reuse_verdicts": False})["id"]  # fmt: skip
+            sleeping = wait_until(lambda: _running_sleeper(name), 180, "the sleeper's job",
+                                  explain=log.read_text)  # fmt: skip
+            api.cancel(job_id)
+            wait_until(lambda: job(sleeping)["JobState"] == "CANCELLED", 60, "the scancel",
+                       explain=log.read_text)  # fmt: skip
+            assert api.get_job(job_id)["status"] == "cancelled"
+    finally:
+        svc.stop()
+    text = log.read_text()
+    assert f": slurm job {sleeping}" in text and "Traceback" not in text
+
+
+def _running_sleeper(runner: str) -> str | None:
+    """A job of `runner` that has been running for a second (the resolve trial's job ends
+    at once; the sleeper's does not)."""
+    out = subprocess.run(["squeue", "-h", "-t", "R", "-o", "%i %j %M"], capture_output=True,
+                         text=True).stdout.splitlines()  # fmt: skip
+    for line in out:
+        job_id, name, ran = line.split()
+        if name.startswith(f"leakbisect-{runner}-") and ran not in ("0:00", "0:01"):
+            return job_id
+    return None
+
+
 def test_a_gpu_trial_is_submitted_with_the_gres_and_a_cpu_trial_without(
     executor: SlurmExecutor, fixture_index: str
 ) -> None:
