@@ -297,3 +297,19 @@ def _running_job_of(node: str) -> str | None:
     out = subprocess.run(["squeue", "-h", "-t", "R", "-w", node, "-o", "%i %j"],
                          capture_output=True, text=True).stdout.split()  # fmt: skip
     return out[0] if len(out) >= 2 and out[1].startswith("leakbisect-run-") else None
+
+
+def test_the_executors_benchmark_writes_its_report_for_all_three(node: str, tmp_path: Path) -> None:
+    from bench.executors import main
+
+    out = tmp_path / "bench.md"
+    assert main(["--repeats", "2", "--out", str(out)]) == 0
+    text = out.read_text()
+    for row in ("local: whole trial", "docker minus local, per trial",
+                "slurm minus local, per trial", "slurm: submit to start",
+                "slurm: a bare job (sbatch --wait /bin/true)"):  # fmt: skip
+        assert f"| {row}" in text, row
+    assert "Not measured" not in text
+    with pytest.raises(SystemExit) as refused:
+        main(["--repeats", "1", "--out", str(out)])
+    assert refused.value.code == 2
