@@ -43,14 +43,21 @@ def test_an_index_served_on_the_port_asked_for(tmp_path: Path) -> None:
             assert page.status == 200
 
 
-def test_serve_git_serves_the_repository_until_interrupted(tmp_path: Path) -> None:
-    """`serve-git REPO`: prints the URL, git clones it over http, Ctrl-C ends it cleanly."""
+def _sigint(disposition: str) -> None:
+    signal.signal(signal.SIGINT, signal.SIG_IGN if disposition == "ignored" else signal.SIG_DFL)
+
+
+@pytest.mark.parametrize("inherited", ["default", "ignored"])
+def test_serve_git_serves_the_repository_until_interrupted(tmp_path: Path, inherited: str) -> None:
+    """`serve-git REPO`: prints the URL, git clones it over http, Ctrl-C ends it cleanly, also
+    when started with SIGINT ignored (a background job of a non-interactive shell: CI)."""
     made = build_repo(tmp_path / "repo")
     stacks = tmp_path / "stacks.txt"  # faulthandler's dump, should it hang at the end
     with stacks.open("w") as err:
         proc = subprocess.Popen(
             [sys.executable, "-X", "faulthandler", "-m", "service.example", "serve-git",
              str(made.path)], stdout=subprocess.PIPE, stderr=err, text=True,
+            preexec_fn=lambda: _sigint(inherited),
         )  # fmt: skip
     try:
         assert proc.stdout is not None

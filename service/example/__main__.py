@@ -11,6 +11,7 @@ examples bisect, or serve a directory of their wheels as a package index.
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
 import time
 from contextlib import AbstractContextManager
@@ -60,6 +61,9 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _until_interrupted(serving: AbstractContextManager[str]) -> None:
+    # Ctrl-C ends it also when it was started with SIGINT ignored (a background job of a
+    # non-interactive shell, as CI starts it): Python keeps an inherited SIG_IGN.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     with serving as url:
         print(url, flush=True)
         try:
