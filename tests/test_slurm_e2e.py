@@ -265,7 +265,23 @@ def slurmd_restored(node: str) -> Iterator[None]:
     cluster()
 
 
-def test_slurmd_killed_mid_trial_returns_the_trial_and_the_example_still_finds_1_0_6(
+def _fail_the_node_under_a_running_trial(prefix: str, node: str) -> str:
+    """Waits for a job named ``prefix...`` to run, fails its node (slurmd and the job's
+    processes killed), waits for Slurm's NODE_FAIL and starts slurmd again; the job's id."""
+    victim = wait_until(lambda: _running_job_of(node, prefix), 300, "a trial's job to run")
+    _kill_the_node_under(victim)
+    wait_until(lambda: job(victim)["JobState"] == "NODE_FAIL", 60, "Slurm to fail the job")
+    subprocess.Popen(["/usr/sbin/slurmd"]).wait(30)
+    return victim
+
+
+def _submitted_again(victim: str) -> list[str]:
+    """The states of the jobs of the same trial and attempt submitted after `victim`."""
+    name = job(victim)["JobName"]
+    return [j["JobState"] for j in _jobs_named(name) if int(j["JobId"]) > int(victim)]
+
+
+def test_slurmd_killed_mid_trial_bisect_cli_run_submits_it_again_and_finds_1_0_6(
     node: str, reachable_tmp: Path, uv_cache: Path, slurmd_restored: None
 ) -> None:
     shared = reachable_tmp / "shared"
@@ -273,19 +289,61 @@ def test_slurmd_killed_mid_trial_returns_the_trial_and_the_example_still_finds_1
     proc = bisect_example(reachable_tmp, uv_cache, "--executor", "slurm", "--slurm-dir",
                           str(shared))  # fmt: skip
     try:
-        victim = wait_until(lambda: _running_job_of(node), 300, "a trial's job to run")
-        _kill_the_node_under(victim)
-        wait_until(lambda: job(victim)["JobState"] == "NODE_FAIL", 60, "Slurm to fail the job")
-        subprocess.Popen(["/usr/sbin/slurmd"]).wait(30)
+        victim = _fail_the_node_under_a_running_trial("leakbisect-run-", node)
         result = finished(proc)
     finally:
         if proc.poll() is None:
             proc.kill()
     assert (result["status"], result["first_bad"]) == ("found", "1.0.6")
-    # The same trial (name: runner, trial, attempt) was submitted again after the failure.
-    name = job(victim)["JobName"]
-    again = [j for j in _jobs_named(name) if int(j["JobId"]) > int(victim)]
-    assert [j["JobState"] for j in again] == ["COMPLETED"]
+    assert _submitted_again(victim) == ["COMPLETED"]
+
+
+def test_slurmd_killed_mid_trial_the_runner_returns_the_trial_and_the_job_finds_1_0_6(
+    node: str,
+    tmp_path: Path,
+    reachable_tmp: Path,
+    uv_cache: Path,
+    fixture_index: str,
+    slurmd_restored: None,
+) -> None:
+    """Through the API: the runner gives the lease back (no attempt used), the trial is let
+    again, and the job's answer is the one without the failure."""
+    from tests.test_cli_service import REPRO, Service, make_env
+
+    name = f"failed-node-{os.getpid()}"
+    shared = reachable_tmp / "shared"
+    shared.mkdir()
+    svc = Service(tmp_path, make_env(tmp_path, reachable_tmp, uv_cache))
+    svc.start_serve(f"sqlite:///{tmp_path / 'svc.db'}")
+    log = tmp_path / "runner.log"
+    with log.open("a") as err:
+        svc.runners.append(subprocess.Popen(
+            CLI + ["runner", "--server", svc.url, "--name", name, "--executor", "slurm",
+                   "--slurm-dir", str(shared)],
+            stdout=subprocess.DEVNULL, stderr=err, env=svc.env,
+        ))  # fmt: skip
+    submit = subprocess.Popen(
+        CLI + ["submit", str(REPRO), "--package", "leakyfixture", "--range", "1.0.5..1.0.7",
+               "--index-url", fixture_index, "--wait", "--json", "--server", svc.url],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=svc.env,
+    )  # fmt: skip
+    try:
+        victim = _fail_the_node_under_a_running_trial(f"leakbisect-{name}-", node)
+        trial_id = int(job(victim)["JobName"].rsplit("-t", 1)[1].split("-a")[0])
+        out, err = submit.communicate(timeout=600)
+        assert submit.returncode == 0, err[-2000:] + log.read_text()[-2000:]
+        with svc.client() as api:
+            trial = api.get_trial(trial_id)
+    finally:
+        if submit.poll() is None:
+            submit.kill()
+        svc.stop()
+    report = json.loads(out)
+    assert (report["last_good"], report["first_bad"]) == ("1.0.5", "1.0.6")
+    assert (trial["status"], trial["attempt"]) == ("done", 1)  # the failure used no attempt
+    assert _submitted_again(victim) == ["COMPLETED"]
+    text = log.read_text()
+    assert f"trial {trial_id}: lease given back (slurm job {victim} NODE_FAIL on {node}" in text
 
 
 def _jobs_named(name: str) -> list[dict[str, str]]:
@@ -293,10 +351,10 @@ def _jobs_named(name: str) -> list[dict[str, str]]:
     return [j for j in map(parse_job, out.stdout.splitlines()) if j.get("JobName") == name]
 
 
-def _running_job_of(node: str) -> str | None:
+def _running_job_of(node: str, prefix: str) -> str | None:
     out = subprocess.run(["squeue", "-h", "-t", "R", "-w", node, "-o", "%i %j"],
                          capture_output=True, text=True).stdout.split()  # fmt: skip
-    return out[0] if len(out) >= 2 and out[1].startswith("leakbisect-run-") else None
+    return out[0] if len(out) >= 2 and out[1].startswith(prefix) else None
 
 
 def test_the_executors_benchmark_writes_its_report_for_all_three(node: str, tmp_path: Path) -> None:
