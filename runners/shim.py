@@ -77,6 +77,7 @@ PR_SET_PDEATHSIG = 1
 PR_SET_CHILD_SUBREAPER = 36
 CLONE_NEWNS, CLONE_NEWIPC, CLONE_NEWPID, CLONE_NEWNET = 0x20000, 0x8000000, 0x20000000, 0x40000000
 MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_BIND, MS_REC, MS_PRIVATE = 2, 4, 8, 4096, 16384, 1 << 18
+MNT_DETACH = 2
 SIOCGIFFLAGS, SIOCSIFFLAGS, IFF_UP = 0x8913, 0x8914, 1
 # What a trial may lack, one phrase each: the supervisor reports them as ``missing PHRASE``
 # and the runner copies them into the trial's report (`TrialReport.missing_protections`).
@@ -104,6 +105,7 @@ class _Libc:
 _prctl = _Function(("prctl", _Libc()))
 _unshare = _Function(("unshare", _Libc()))
 _mount = _Function(("mount", _Libc()))
+_umount2 = _Function(("umount2", _Libc()))
 
 
 def _check(result: int, what: str) -> None:
@@ -129,23 +131,31 @@ def mount(
     _check(_mount(c(source), c(target), c(fstype), flags, c(data)), f"mount {target}")
 
 
+def umount(target: str) -> None:
+    _check(_umount2(os.fsencode(target), MNT_DETACH), f"umount {target}")
+
+
 # --------------------------------------------------------------------------- isolation
 
 
 def _kept_tmp_entries(cwd: str, uid: int | None) -> list[tuple[str, int]]:
     """(name, O_PATH fd) of the host /tmp entries a private /tmp binds back: the top-level
-    entry holding `cwd`, and directories `uid` could enter that only root can write."""
+    entry holding `cwd` first (an `OSError` when it cannot be opened: the trial cannot run
+    without it), then directories `uid` could enter that only root can write."""
     own = cwd.split("/")[2] if cwd.startswith("/tmp/") else None
     kept = []
+    if own is not None:
+        kept.append((own, os.open(f"/tmp/{own}", os.O_PATH | os.O_NOFOLLOW | os.O_DIRECTORY)))
     for name in os.listdir("/tmp"):
+        if name == own:
+            continue
         try:
             fd = os.open(f"/tmp/{name}", os.O_PATH | os.O_NOFOLLOW | os.O_DIRECTORY)
         except OSError:
             continue  # a file, a link, gone: not bound back
         st = os.fstat(fd)
         mode = st.st_mode & 0o7777
-        shared = st.st_uid == 0 and not mode & 0o022 and (not uid or mode & 0o001)
-        if name == own or shared:
+        if st.st_uid == 0 and not mode & 0o022 and (not uid or mode & 0o001):
             kept.append((name, fd))
         else:
             os.close(fd)
@@ -154,18 +164,36 @@ def _kept_tmp_entries(cwd: str, uid: int | None) -> list[tuple[str, int]]:
 
 def _private_tmp(cwd: str, uid: int | None) -> None:
     """Fresh tmpfs on /tmp and /dev/shm in this mount namespace, with `_kept_tmp_entries`
-    bound back (through /proc/self/fd: the host's /tmp is covered by then)."""
+    bound back (through /proc/self/fd: the host's /tmp is covered by then). A shared entry
+    removed meanwhile (another trial's or test's directory, deleted between the listing and
+    its bind) is left out; the trial's own entry must bind, or /tmp is uncovered again and
+    the `OSError` says no private /tmp."""
     kept = _kept_tmp_entries(cwd, uid)
     try:
         flags = MS_NOSUID | MS_NODEV
         mount("tmpfs", "/dev/shm", "tmpfs", flags, "mode=1777")
         mount("tmpfs", "/tmp", "tmpfs", flags, "mode=1777")
-        for name, fd in kept:
-            os.mkdir(f"/tmp/{name}", 0o700)
-            mount(f"/proc/self/fd/{fd}", f"/tmp/{name}", None, MS_BIND | MS_REC)
+        own = cwd.startswith("/tmp/")
+        for i, (name, fd) in enumerate(kept):
+            try:
+                _bind_back(name, fd)
+            except OSError:
+                if i == 0 and own:
+                    umount("/tmp")
+                    umount("/dev/shm")
+                    raise
     finally:
         for _, fd in kept:
             os.close(fd)
+
+
+def _bind_back(name: str, fd: int) -> None:
+    os.mkdir(f"/tmp/{name}", 0o700)
+    try:
+        mount(f"/proc/self/fd/{fd}", f"/tmp/{name}", None, MS_BIND | MS_REC)
+    except OSError:
+        os.rmdir(f"/tmp/{name}")
+        raise
 
 
 def _loopback_up() -> None:

@@ -15,6 +15,7 @@ import json
 import os
 import socket
 import sys
+import tempfile
 import textwrap
 import threading
 import time
@@ -227,3 +228,39 @@ def test_the_report_says_once_what_the_trials_lacked() -> None:
     line = environment_line(job, [run(lacked), run(lacked), run([NO_NET_NS])])
     assert line == f"{environment(job)}; trials ran without: {', '.join(lacked)}"
     assert environment_line(job, [run([]), run([])]) == environment(job)
+
+
+@needs_root
+def test_a_shared_tmp_directory_removed_while_the_private_tmp_is_made_is_left_out() -> None:
+    """Another test's or trial's /tmp directory, deleted between the listing of /tmp and
+    its bind into the private /tmp, is left out; the trial's own entry is still there (CI:
+    "cannot start ...: No such file or directory: '/tmp/leakbisect-trial-...'", twice)."""
+    from runners import shim
+
+    own = Path(tempfile.mkdtemp(prefix="leakbisect-trial-race-"))
+    gone = Path(tempfile.mkdtemp(prefix="leakbisect-shared-race-"))
+    gone.chmod(0o755)  # root's, enterable: bound back
+    listed = shim._kept_tmp_entries
+    pid = os.fork()
+    if pid == 0:  # the child: its own mount namespace, as the shim's init makes it
+        code = 1
+        try:
+
+            def racing(cwd: str, uid: int | None) -> list[tuple[str, int]]:
+                kept = listed(cwd, uid)
+                gone.rmdir()  # the other test cleans up now
+                return kept
+
+            shim.unshare(shim.CLONE_NEWNS)
+            shim.mount(None, "/", None, shim.MS_REC | shim.MS_PRIVATE)
+            shim._kept_tmp_entries = racing
+            shim._private_tmp(str(own), None)
+            code = 0 if own.is_dir() and not gone.exists() else 2
+        except BaseException:  # noqa: BLE001 - the exit status says it
+            code = 3
+        os._exit(code)
+    try:
+        _, status = os.waitpid(pid, 0)
+        assert os.waitstatus_to_exitcode(status) == 0
+    finally:
+        own.rmdir()
