@@ -1,10 +1,11 @@
 """Alembic environment built from the SQLModel metadata."""
 
 from alembic import context
-from sqlalchemy import engine_from_config, pool
+from sqlalchemy import engine_from_config, pool, text
 from sqlmodel import SQLModel
 
 import service.models  # noqa: F401  (registers the tables on the metadata)
+from service.db import MIGRATION_LOCK
 
 config = context.config
 target_metadata = SQLModel.metadata
@@ -33,6 +34,11 @@ def run_migrations_online() -> None:
             connection=connection, target_metadata=target_metadata, render_as_batch=True
         )
         with context.begin_transaction():
+            if connection.dialect.name == "postgresql":
+                # One migrator at a time (service/db.py `upgrade`): the others wait here,
+                # then read the revision this one wrote and have nothing to do.
+                connection.execute(text("SELECT pg_advisory_xact_lock(:key)"),
+                                   {"key": MIGRATION_LOCK})  # fmt: skip
             context.run_migrations()
 
 

@@ -19,6 +19,7 @@ second, with Mako and Pygments) only when the database is not at the newest migr
 
 import ast
 import contextlib
+import fcntl
 import io
 import os
 import stat
@@ -33,9 +34,13 @@ from sqlalchemy.pool import NullPool
 from sqlmodel import create_engine
 
 if TYPE_CHECKING:
+    from collections.abc import Iterator
+
     from alembic.config import Config
 
 MIGRATIONS = Path(__file__).resolve().parents[1] / "migrations"
+# The advisory lock key every migrating process takes on Postgres (migrations/env.py).
+MIGRATION_LOCK = 0x6C65616B62697365  # "leakbise"
 PRIVATE_FILE = 0o600
 PRIVATE_DIR = 0o700
 # The files SQLite keeps beside a database (WAL mode: -wal and -shm; rollback: -journal).
@@ -232,15 +237,40 @@ def at_head(url: str) -> bool:
 
 
 def upgrade(url: str) -> None:
-    """Bring the schema to the newest migration (idempotent).
+    """Bring the schema to the newest migration (idempotent, and safe to run from several
+    processes at once: two `bisect-cli run` started together on a new machine).
 
-    A database already there is left as it is without importing Alembic (`at_head`)."""
+    A database already there is left as it is without importing Alembic (`at_head`).
+    Otherwise one process migrates while the others wait (`_migrating`), then find the
+    schema at head and do nothing."""
     prepare_sqlite(url)
     if at_head(url):
         return
     from alembic import command
 
-    command.upgrade(alembic_config(url), "head")
+    with _migrating(url):
+        if at_head(url):  # another process migrated it while this one waited
+            return
+        command.upgrade(alembic_config(url), "head")
+
+
+@contextlib.contextmanager
+def _migrating(url: str) -> "Iterator[None]":
+    """Held while migrating. SQLite: an exclusive ``flock`` on the database file itself
+    (SQLite's own locks are ``fcntl`` byte ranges, which ``flock`` does not touch on Linux),
+    released when the descriptor closes, also when the process dies. Postgres: nothing
+    here; migrations/env.py takes a transaction-level advisory lock (`MIGRATION_LOCK`)
+    before Alembic reads the schema's revision, so the same holds there."""
+    path = sqlite_path(url)
+    if path is None or not path.exists():
+        yield
+        return
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
 
 
 def next_revision_id(migrations: Path = MIGRATIONS) -> str:
