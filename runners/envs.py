@@ -249,7 +249,7 @@ def prepare_dirs(root: Path, cache_dir: Path | None = None) -> tuple[Path, Path]
     readers = [ids.trial] if ids.trial is not None else []
     root = publish.runner_dir(Path(root), readers, "environment root", ids.build)
     publish.clear_stale(root, STALE_STAGING_S)
-    cache = _cache_root(cache_dir, ids)
+    cache = _usable_cache(root, cache_dir, ids)
     uv = uv_bin()
     reason = blocked_by(Path(uv), ids.build, "x")
     if reason is not None:
@@ -258,6 +258,37 @@ def prepare_dirs(root: Path, cache_dir: Path | None = None) -> tuple[Path, Path]
             "can reach it (e.g. pip install uv into a venv outside /root)"
         )
     return root, cache
+
+
+# The inherited UV_CACHE_DIRs already replaced (and said so) in this process.
+_REPLACED: set[Path] = set()
+
+
+def _usable_cache(root: Path, cache_dir: Path | None, ids: Identities) -> Path:
+    """The uv cache root. As root, an inherited ``UV_CACHE_DIR`` the build user cannot use
+    (root's own, under /root: what a CI container's uv setup step leaves) is replaced by
+    leakbisect's own cache beside the environment root, and a warning says so once per
+    process, in one line, instead of every run failing. A cache the runner was given any
+    other way that the build user cannot use is still refused (`Unavailable`)."""
+    try:
+        return _cache_root(cache_dir, ids)
+    except Unavailable:
+        inherited = os.environ.get("UV_CACHE_DIR")
+        if ids.build is None or cache_dir is None or not inherited:
+            raise
+        if Path(inherited) != Path(cache_dir):
+            raise
+        own = root.parent / "uv"
+        if Path(cache_dir) not in _REPLACED:
+            _REPLACED.add(Path(cache_dir))
+            log.warning(
+                "UV_CACHE_DIR %s is not usable by the build user, %s; builds use "
+                "leakbisect's own uv cache %s instead",
+                cache_dir,
+                ids.build,
+                own,
+            )
+        return _cache_root(own, ids)
 
 
 def _cache_root(cache_dir: Path | None, ids: Identities) -> Path:

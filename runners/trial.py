@@ -54,10 +54,10 @@ class LocalExecutor:
     name = "local"
 
     def __init__(self, env_root: Path, cache_dir: Path, gpu: GpuProbe | None = None) -> None:
-        self.env_root = Path(env_root)
-        self.cache_dir = Path(cache_dir)
         self.gpu = gpu
-        prepare_dirs(self.env_root, self.cache_dir)
+        # The uv cache may not be the one given: an inherited UV_CACHE_DIR the build user
+        # cannot use is replaced (runners.envs `_usable_cache`).
+        self.env_root, self.cache_dir = prepare_dirs(Path(env_root), Path(cache_dir))
 
     def run_trial(
         self,

@@ -9,6 +9,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import json
+import logging
 import os
 import subprocess
 import sys
@@ -611,6 +612,29 @@ def test_staging_left_by_a_dead_build_is_cleared(build) -> None:
     os.utime(old, (stale, stale))
     envs.prepare_dirs(build.root, build.cache)
     assert sorted(p.name for p in staging.iterdir()) == ["abc-live"]
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="a build user of its own needs root")
+def test_an_inherited_uv_cache_dir_the_build_user_cannot_use_is_replaced_and_said_once(
+    build, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """As root with UV_CACHE_DIR on root's own cache (a CI container's uv setup step), builds
+    use leakbisect's own cache, and one warning says so; given any other way, it is refused."""
+    private = build.root.parent / "root-only"
+    private.mkdir(mode=0o700)
+    monkeypatch.setenv("UV_CACHE_DIR", str(private / "uv"))
+    own = build.root.parent / "uv"
+    with caplog.at_level(logging.WARNING, logger="runners.envs"):
+        assert envs.prepare_dirs(build.root, private / "uv") == (build.root, own)
+        assert envs.prepare_dirs(build.root, private / "uv") == (build.root, own)
+    ids = users.identities()
+    assert [r.getMessage() for r in caplog.records] == [
+        f"UV_CACHE_DIR {private / 'uv'} is not usable by the build user, {ids.build}; builds "
+        f"use leakbisect's own uv cache {own} instead"
+    ]
+    monkeypatch.delenv("UV_CACHE_DIR")
+    with pytest.raises(Unavailable, match="is not usable by"):
+        envs.prepare_dirs(build.root, private / "uv")
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="every directory is reachable by its only user")

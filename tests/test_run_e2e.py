@@ -394,3 +394,27 @@ def test_local_reads_say_what_is_missing(bisection) -> None:
     assert both.stderr == (
         "error: --database-url: reads a local database; drop it or --server/BISECT_SERVER\n"
     )
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="a build user of its own needs root")
+def test_as_root_a_uv_cache_dir_of_roots_own_is_replaced_and_the_run_goes_on(
+    reachable_tmp: Path, tmp_path: Path
+) -> None:
+    """Issue 28: as root with UV_CACHE_DIR on a cache only root can reach (under pytest's
+    0700 temporary directory, as under /root), `run` builds in leakbisect's own cache and
+    says so in one line, instead of failing every run."""
+    from runners.users import identities
+
+    roots = tmp_path / "uv"  # tmp_path's parents are 0700: the build user cannot reach it
+    args = ["run", "--example", "--json", "--no-attribute",
+            "--database-url", f"sqlite:///{reachable_tmp / 'r.db'}"]  # fmt: skip
+    proc = cli(args, reachable_tmp, roots)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert json.loads(proc.stdout)["first_bad"] == "1.0.6"
+    own = reachable_tmp / "cache" / "leakbisect" / "uv"
+    said = [line for line in proc.stderr.splitlines() if "UV_CACHE_DIR" in line]
+    assert said == [
+        f"UV_CACHE_DIR {roots} is not usable by the build user, {identities().build}; builds use "
+        f"leakbisect's own uv cache {own} instead"
+    ]
+    assert own.is_dir() and not (roots.exists() and any(roots.iterdir()))  # nothing built there
