@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -183,7 +184,7 @@ def test_a_job_cancelled_through_the_api_reaches_scancel_from_the_runner(
             job_id = api.submit({"package": "leakyfixture", "range": "1.0.0..1.0.1",
                                  "script": sleeper, "index_url": fixture_index,
                                  "timeout_s": 300, "reuse_verdicts": False})["id"]  # fmt: skip
-            sleeping = wait_until(lambda: _running_sleeper(name), 180, "the sleeper's job",
+            sleeping = wait_until(lambda: _running_sleeper(log), 180, "the sleeper's job",
                                   explain=log.read_text)  # fmt: skip
             api.cancel(job_id)
             wait_until(lambda: job(sleeping)["JobState"] == "CANCELLED", 60, "the scancel",
@@ -195,16 +196,13 @@ def test_a_job_cancelled_through_the_api_reaches_scancel_from_the_runner(
     assert f": slurm job {sleeping}" in text and "Traceback" not in text
 
 
-def _running_sleeper(runner: str) -> str | None:
-    """A job of `runner` that has been running for a second (the resolve trial's job ends
-    at once; the sleeper's does not)."""
-    out = subprocess.run(["squeue", "-h", "-t", "R", "-o", "%i %j %M"], capture_output=True,
-                         text=True).stdout.splitlines()  # fmt: skip
-    for line in out:
-        job_id, name, ran = line.split()
-        if name.startswith(f"leakbisect-{runner}-") and ran not in ("0:00", "0:01"):
-            return job_id
-    return None
+def _running_sleeper(log: Path) -> str | None:
+    """The sleeper's Slurm job once it runs: the runner's second job (its first is the
+    job's resolve trial, which may itself run for seconds and end on its own)."""
+    jobs = re.findall(r": slurm job (\d+)", log.read_text())
+    if len(jobs) < 2 or job(jobs[1])["JobState"] != "RUNNING":
+        return None
+    return jobs[1]
 
 
 def test_a_gpu_trial_is_submitted_with_the_gres_and_a_cpu_trial_without(
