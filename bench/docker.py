@@ -98,12 +98,21 @@ def measure(repeats: int, work: Path, index_url: str) -> dict[str, str]:
     return rows
 
 
-def render(rows: dict[str, str], command: str, repeats: int) -> str:
+def render(
+    rows: dict[str, str],
+    command: str,
+    repeats: int,
+    *,
+    title: str = "Docker executor: per-trial overhead",
+    script: str = "bench/docker.py",
+    notes: tuple[str, ...] = (),
+) -> str:
+    """The report of a per-trial benchmark (this one's, and bench/executors.py's)."""
     info = machine()
     lines = [
-        "# Docker executor: per-trial overhead",
+        f"# {title}",
         "",
-        "Written by `bench/docker.py` (its docstring says what is measured). Seconds, median "
+        f"Written by `{script}` (its docstring says what is measured). Seconds, median "
         f"over {repeats} runs (p90 in brackets), after one warm-up run each.",
         "",
         f"- Command: `{command}`",
@@ -111,6 +120,7 @@ def render(rows: dict[str, str], command: str, repeats: int) -> str:
         f"- Load average (1 min) at the end: {os.getloadavg()[0]:.2f} on {os.cpu_count()} cores"
         " (a shared machine: compare figures from one run)",
         f"- Machine: {info['summary']}",
+        *(f"- {note}" for note in notes),
         "",
         "| figure | value |",
         "|---|---|",

@@ -32,8 +32,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from bench.common import code_revision, machine
-from bench.docker import _s, _trials
+from bench.docker import _s, _trials, render
 from contract.errors import Unavailable
 from contract.wire import EnvSpec, TrialReport, TrialSpec
 from runners.slurm.batch import SlurmOptions, parse_job
@@ -123,29 +122,6 @@ def measure(repeats: int, work: Path, index_url: str, shared: Path) -> tuple[dic
     return rows, absent
 
 
-def render(rows: dict[str, str], absent: list[str], command: str, repeats: int) -> str:
-    info = machine()
-    lines = [
-        "# Executors: per-trial overhead (subprocess, Docker, Slurm)",
-        "",
-        "Written by `bench/executors.py` (its docstring says what is measured). Seconds, "
-        f"median over {repeats} runs (p90 in brackets), after one warm-up run each.",
-        "",
-        f"- Command: `{command}`",
-        f"- Code: {code_revision()}",
-        f"- Load average (1 min) at the end: {os.getloadavg()[0]:.2f} on {os.cpu_count()} cores"
-        " (a shared machine: compare figures from one run)",
-        f"- Machine: {info['summary']}",
-        *(f"- Not measured: {why}" for why in absent),
-        "",
-        "| figure | value |",
-        "|---|---|",
-        *(f"| {k} | {v} |" for k, v in rows.items()),
-        "",
-    ]
-    return "\n".join(lines)
-
-
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m bench.executors", description=__doc__)
     ap.add_argument("--repeats", type=int, default=10)
@@ -167,7 +143,11 @@ def main(argv: list[str] | None = None) -> int:
     with serve_index(wheels) as url:
         rows, absent = measure(args.repeats, work, url, shared)
     command = f"uv run python -m bench.executors --repeats {args.repeats}"
-    args.out.write_text(render(rows, absent, command, args.repeats))
+    notes = tuple(f"Not measured: {why}" for why in absent)
+    title = "Executors: per-trial overhead (subprocess, Docker, Slurm)"
+    text = render(rows, command, args.repeats, title=title, script="bench/executors.py",
+                  notes=notes)  # fmt: skip
+    args.out.write_text(text)
     for k, v in rows.items():
         print(f"{k}: {v}")
     for why in absent:

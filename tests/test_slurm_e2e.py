@@ -159,14 +159,13 @@ def test_a_kill_is_a_scancel_and_leaves_nothing_running(
     assert left == ""
 
 
-def test_a_job_cancelled_through_the_api_reaches_scancel_from_the_runner(
-    node: str, tmp_path: Path, reachable_tmp: Path, uv_cache: Path, fixture_index: str
-) -> None:
-    """`bisect-cli runner --executor slurm` against a live server: a cancelled job's trial
-    is the runner's to kill (its heartbeat is answered 409), and killing it is scancel."""
+def _served_with_a_slurm_runner(
+    name: str, tmp_path: Path, reachable_tmp: Path, uv_cache: Path
+) -> tuple[Any, Path]:
+    """`bisect-cli serve` (no runners of its own) and `bisect-cli runner --executor slurm`
+    named `name`, its files under ``reachable_tmp/shared``; the service and the runner's log."""
     from tests.test_cli_service import Service, make_env
 
-    name = f"cancelled-{os.getpid()}"
     shared = reachable_tmp / "shared"
     shared.mkdir()
     svc = Service(tmp_path, make_env(tmp_path, reachable_tmp, uv_cache))
@@ -178,6 +177,16 @@ def test_a_job_cancelled_through_the_api_reaches_scancel_from_the_runner(
                    "--slurm-dir", str(shared)],
             stdout=subprocess.DEVNULL, stderr=err, env=svc.env,
         ))  # fmt: skip
+    return svc, log
+
+
+def test_a_job_cancelled_through_the_api_reaches_scancel_from_the_runner(
+    node: str, tmp_path: Path, reachable_tmp: Path, uv_cache: Path, fixture_index: str
+) -> None:
+    """`bisect-cli runner --executor slurm` against a live server: a cancelled job's trial
+    is the runner's to kill (its heartbeat is answered 409), and killing it is scancel."""
+    name = f"cancelled-{os.getpid()}"
+    svc, log = _served_with_a_slurm_runner(name, tmp_path, reachable_tmp, uv_cache)
     sleeper = "import time\nprint('::leakbisect-step::', flush=True)\ntime.sleep(120)\n"
     try:
         with svc.client() as api:
@@ -306,20 +315,10 @@ def test_slurmd_killed_mid_trial_the_runner_returns_the_trial_and_the_job_finds_
 ) -> None:
     """Through the API: the runner gives the lease back (no attempt used), the trial is let
     again, and the job's answer is the one without the failure."""
-    from tests.test_cli_service import REPRO, Service, make_env
+    from tests.test_cli_service import REPRO
 
     name = f"failed-node-{os.getpid()}"
-    shared = reachable_tmp / "shared"
-    shared.mkdir()
-    svc = Service(tmp_path, make_env(tmp_path, reachable_tmp, uv_cache))
-    svc.start_serve(f"sqlite:///{tmp_path / 'svc.db'}")
-    log = tmp_path / "runner.log"
-    with log.open("a") as err:
-        svc.runners.append(subprocess.Popen(
-            CLI + ["runner", "--server", svc.url, "--name", name, "--executor", "slurm",
-                   "--slurm-dir", str(shared)],
-            stdout=subprocess.DEVNULL, stderr=err, env=svc.env,
-        ))  # fmt: skip
+    svc, log = _served_with_a_slurm_runner(name, tmp_path, reachable_tmp, uv_cache)
     submit = subprocess.Popen(
         CLI + ["submit", str(REPRO), "--package", "leakyfixture", "--range", "1.0.5..1.0.7",
                "--index-url", fixture_index, "--wait", "--json", "--server", svc.url],

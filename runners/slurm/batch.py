@@ -29,7 +29,7 @@ from __future__ import annotations
 import math
 import re
 import shlex
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
 
@@ -80,7 +80,6 @@ class SlurmOptions:
     qos: str | None = None
     build_minutes: int = DEFAULT_BUILD_MINUTES
     poll_s: float = 0.5
-    extra: tuple[str, ...] = field(default=())
 
 
 _UNSAFE = re.compile(r"[^A-Za-z0-9_.-]+")
@@ -123,7 +122,7 @@ def sbatch_argv(
                         ("qos", options.qos)):  # fmt: skip
         if value:
             argv.append(f"--{flag}={value}")
-    return [*argv, *options.extra, str(script)]
+    return [*argv, str(script)]
 
 
 def batch_script(python: str, trial_dir: Path) -> str:
