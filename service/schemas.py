@@ -67,8 +67,12 @@ class AgainRequest(BaseModel):
 
 
 class JobCreated(BaseModel):
+    """What a submission answers: the job's API URL (`url`, what a client reads) and its
+    status page (`page_url`, what a person opens)."""
+
     id: int
-    url: str
+    url: str = Field(description="the job's report in the API: GET it for the job's state")
+    page_url: str = Field(description="the job's status page, for a person to open")
     status: str
 
 

@@ -256,6 +256,8 @@ def test_submit_creates_the_job_and_its_candidates(client: TestClient, fixture_i
     created = submit(client, fixture_index)
     assert created["status"] == "running"
     assert created["url"] == f"http://testserver{API}/jobs/{created['id']}"
+    assert created["page_url"] == f"http://testserver/jobs/{created['id']}"
+    assert client.get(created["page_url"]).status_code == 200  # the page is there
     shown = job(client, created["id"])
     assert shown["job_id"] == created["id"]
     assert (shown["package"], shown["range"], shown["status"]) == (
@@ -755,6 +757,7 @@ def test_more_refusals_name_their_cause(
         assert response.status_code == 413
         created = submit(client, fixture_index)
         assert created["url"] == f"https://bisect.example.com{API}/jobs/{created['id']}"
+        assert created["page_url"] == f"https://bisect.example.com/jobs/{created['id']}"
 
 
 # ------------------------------------------------------------------------- pins

@@ -38,6 +38,11 @@ def job_url(request: Request, settings: Settings, job_id: int) -> str:
     return f"{site_url(request, settings)}{API_PREFIX}/jobs/{job_id}"
 
 
+def page_url(request: Request, settings: Settings, job_id: int) -> str:
+    """The job's status page (service/web/routes.py `/jobs/{id}`), on the same site."""
+    return f"{site_url(request, settings)}/jobs/{job_id}"
+
+
 # Printable ASCII, no spaces: a UUID, a ULID, a CI run id.
 IDEMPOTENCY_KEY = re.compile(r"[\x21-\x7e]{1,200}")
 
@@ -83,7 +88,12 @@ def _checked(body: Any) -> JobCreate:
 
 def _created(request: Request, settings: Settings, job: Job) -> JobCreated:
     assert job.id is not None
-    return JobCreated(id=job.id, url=job_url(request, settings, job.id), status=job.status)
+    return JobCreated(
+        id=job.id,
+        url=job_url(request, settings, job.id),
+        page_url=page_url(request, settings, job.id),
+        status=job.status,
+    )
 
 
 @router.post(
