@@ -46,6 +46,11 @@ class Conflict(LeakbisectError):
     a job that has already finished."""
 
 
+class Unauthenticated(LeakbisectError):
+    """Who is asking is not known: no credential, or one that is not valid (an unknown
+    token, a CI identity token refused for its signature, lifetime, audience or claims)."""
+
+
 class Forbidden(LeakbisectError):
     """The caller is known but may not do this."""
 

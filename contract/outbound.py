@@ -183,14 +183,17 @@ def _getaddrinfo(host: str, port: int) -> list[str]:
     return [str(info[4][0]) for info in infos]
 
 
-def allow(target: Target, reach: Reach, resolve: Resolver = _getaddrinfo) -> Allowed:
-    """Rule 4: `target` under `reach`, or `Refused` saying why not."""
+def allow(
+    target: Target, reach: Reach, resolve: Resolver = _getaddrinfo, setting: str = SETTING
+) -> Allowed:
+    """Rule 4: `target` under `reach`, or `Refused` saying why not; `setting` is where the
+    operator lists hosts (the refusals name it)."""
     host, port = target.host, target.port
     if reach.hosts is not None:
         named = {host, f"{host}:{port}", f"[{host}]", f"[{host}]:{port}"}
         if "*" in reach.hosts or named & set(reach.hosts):
             return Allowed(target)
-        raise Refused(f"host {host} is not in {SETTING}")
+        raise Refused(f"host {host} is not in {setting}")
     address = target.address
     if address is not None:
         found: list[Address] = [address]
@@ -202,7 +205,7 @@ def allow(target: Target, reach: Reach, resolve: Resolver = _getaddrinfo) -> All
         if not found:
             raise Refused(f"host {host} was not found (a name must resolve to be checked)")
     if not all(public(a) for a in found):
-        raise Refused(f"host {host} is not a public address (list it in {SETTING})")
+        raise Refused(f"host {host} is not a public address (list it in {setting})")
     return Allowed(target, tuple(found))
 
 

@@ -6,12 +6,18 @@ The roles (docs/api.md, docs/security.md), each token with a name:
 - admin tokens read and change every job;
 - view tokens ("viewer") read every job and change nothing;
 - runner tokens open the runner endpoints only;
-- "open": no token of any kind is configured, so every caller sees and may do everything.
+- a CI job's OIDC identity token from an issuer in BISECT_OIDC_ISSUERS is a "client"
+  named by the issuer's owner rule (service/oidc.py), for the API only;
+- "open": no token of any kind and no issuer is configured, so every caller sees and may
+  do everything.
 
 A token is matched in constant time against every configured token (no early exit that
-would tell which one matched, or how much of it), and never logged or echoed. The API
-(service/http/deps.py), the page's login (service/web/auth.py) and the service's reads
-and actions (service/views.py, service/actions.py) all ask this module.
+would tell which one matched, or how much of it), and never logged or echoed. Only a
+token that matches none of them, and reads as a JWT, is checked as an identity token: a
+configured token that holds dots stays what it is. The API (service/http/guard.py,
+service/http/deps.py: `authenticate`), the page's login (service/web/auth.py: `identify`,
+configured tokens only) and the service's reads and actions (service/views.py,
+service/actions.py) all ask this module.
 """
 
 import hmac
@@ -20,6 +26,8 @@ from typing import Literal
 
 from pydantic import SecretStr
 
+from contract.errors import Unauthenticated
+from service import oidc
 from service.settings import Settings
 
 Role = Literal["open", "client", "admin", "viewer", "runner"]
@@ -75,3 +83,18 @@ def identify(settings: Settings, token: str) -> Caller | None:
         if match is not None and found is None:
             found = Caller(role, getattr(match, "name", None))  # type: ignore[arg-type]
     return found
+
+
+INVALID = "invalid bearer token"
+
+
+def authenticate(settings: Settings, token: str) -> Caller:
+    """The caller a bearer token stands for on the API: a configured token's, else an
+    identity token's when issuers are configured; `Unauthenticated` (or `Unavailable`, an
+    issuer's keys out of reach) otherwise."""
+    caller = identify(settings, token)
+    if caller is not None:
+        return caller
+    if settings.oidc_issuers and oidc.is_jwt(token):
+        return Caller("client", oidc.verify(settings.oidc_issuers, token))
+    raise Unauthenticated(INVALID)

@@ -1,15 +1,25 @@
 """Settings from the environment (`BISECT_*`), behind a cached getter."""
 
 import hashlib
+import json
 import os
 import re
 from functools import lru_cache
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import Field, SecretStr, ValidationError, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SecretStr,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
+from contract import outbound
 from contract.errors import InvalidInput
 from contract.paths import cache_home, uv_cache_dir
 
@@ -73,6 +83,116 @@ def parse_groups(text: str) -> list[frozenset[str]]:
     return groups
 
 
+# The name a CI identity token's owner template may make (service/oidc.py): a token's name
+# plus ':', '/' and '@', since a repository ("github:myorg/app") names its owner best.
+OWNER_NAME = re.compile(r"[A-Za-z0-9_.:/@-]{1,128}")
+OWNER_CHARS = "letters, digits, _ . - : / @; at most 128"
+# `{claim}` in an owner template; every other brace is refused.
+TEMPLATE_FIELD = re.compile(r"\{([A-Za-z_][A-Za-z0-9_]*)\}")
+OIDC_SETTING = "BISECT_OIDC_ISSUERS"
+HOSTS_FIELD = f"allow_hosts of {OIDC_SETTING}"
+
+
+def fetch_refusal(url: str, allow_hosts: tuple[str, ...]) -> str | None:
+    """Why the API may not fetch `url` for an issuer (its discovery or JWKS), before any
+    name lookup, or None: an https URL, or an http one whose host the operator listed (a
+    loopback or private issuer). Whether an unlisted host is public is decided at fetch
+    time, against its addresses then (service/oidc.py)."""
+    try:
+        target = outbound.parse(url)
+    except outbound.Refused as exc:
+        return str(exc)
+    if target.scheme == "https":
+        return None
+    try:
+        outbound.allow(target, outbound.Reach(hosts=allow_hosts), setting=HOSTS_FIELD)
+    except outbound.Refused:
+        return "plain http is fetched only from a host listed in allow_hosts"
+    return None
+
+
+class OidcIssuer(BaseModel):
+    """One trusted issuer of CI identity tokens, an item of BISECT_OIDC_ISSUERS (README,
+    "Tokenless CI auth"). A token it signed, for `audience`, whose claims match every rule
+    of `claims` (a glob, or a list of globs one of which must match), is a client token
+    named by `owner` with each ``{claim}`` filled in."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    issuer: str = Field(min_length=1, max_length=500)  # exactly the tokens' `iss`
+    audience: str = Field(min_length=1, max_length=500)  # the `aud` a token must name
+    owner: str = Field(min_length=1, max_length=200)  # e.g. "github:{repository}"
+    claims: dict[str, str | tuple[str, ...]] = Field(max_length=50)
+    # Unset: `jwks_uri` of {issuer}/.well-known/openid-configuration.
+    jwks_url: str | None = Field(default=None, max_length=2000)
+    # Hosts (host or host:port) whose discovery and JWKS may be fetched over http or at a
+    # private address: the operator vouches for them. Others: https to public addresses.
+    allow_hosts: tuple[str, ...] = Field(default=(), max_length=100)
+
+    @field_validator("allow_hosts")
+    @classmethod
+    def _lower(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        return tuple(host.strip().lower() for host in value if host.strip())
+
+    @field_validator("owner")
+    @classmethod
+    def _template(cls, value: str) -> str:
+        literal = TEMPLATE_FIELD.sub("", value)
+        if "{" in literal or "}" in literal:
+            raise ValueError(f"owner {value!r}: only {{claim}} placeholders are filled in")
+        if literal and not OWNER_NAME.fullmatch(literal):
+            raise ValueError(f"owner {value!r}: an owner name holds {OWNER_CHARS}")
+        return value
+
+    @field_validator("claims")
+    @classmethod
+    def _rules(cls, value: dict[str, str | tuple[str, ...]]) -> dict[str, str | tuple[str, ...]]:
+        if not value:
+            # GitHub's and gitlab.com's issuers sign for every user's jobs, for any audience.
+            raise ValueError(
+                "at least one rule (e.g. repository_owner): with none, any job of the "
+                "issuer would be let in, every user's of a shared forge"
+            )
+        for name, rule in value.items():
+            if not name or rule == () or "" in ((rule,) if isinstance(rule, str) else rule):
+                raise ValueError(f"claims: {name!r} needs a non-empty value or list of values")
+        return value
+
+    @model_validator(mode="after")
+    def _fetchable(self) -> "OidcIssuer":
+        try:
+            outbound.parse(self.issuer)
+        except outbound.Refused as exc:
+            raise ValueError(f"issuer {self.issuer!r}: {exc}") from None
+        first = self.jwks_url or discovery_url(self.issuer)
+        reason = fetch_refusal(first, self.allow_hosts)
+        if reason is not None:
+            raise ValueError(f"issuer {self.issuer}: {first}: {reason}")
+        return self
+
+
+def discovery_url(issuer: str) -> str:
+    """Where an issuer's OpenID configuration is (OpenID Connect Discovery 1.0, 4)."""
+    return issuer.rstrip("/") + "/.well-known/openid-configuration"
+
+
+def parse_issuers(text: str) -> list[Any]:
+    """BISECT_OIDC_ISSUERS's JSON: a list of issuer objects (empty: no OIDC)."""
+    if not text.strip():
+        return []
+    try:
+        value = json.loads(text)
+    except ValueError as exc:
+        raise ValueError(f"not JSON ({exc}); a list of issuer objects, see the README") from None
+    if not isinstance(value, list):
+        raise ValueError("a JSON list of issuer objects, see the README")
+    issuers = [i.get("issuer") for i in value if isinstance(i, dict)]
+    twice = sorted({str(i) for i in issuers if issuers.count(i) > 1})
+    if twice:
+        raise ValueError(f"issuer {twice[0]} is listed twice; one entry per issuer")
+    return value
+
+
 # Comma-separated in the environment; SecretStr so a printed Settings never shows them.
 Tokens = Annotated[list[SecretStr], NoDecode]
 
@@ -94,6 +214,11 @@ class Settings(BaseSettings):
     admin_tokens: Tokens = Field(default_factory=list)
     view_tokens: Tokens = Field(default_factory=list)
     runner_tokens: Tokens = Field(default_factory=list)
+    # Tokenless CI auth (service/oidc.py): trusted issuers of CI identity tokens, a JSON
+    # list of {issuer, audience, owner, claims, jwks_url?, allow_hosts?} (OidcIssuer). A
+    # token one of them signed is a client token named by its owner template. An issuer
+    # closes the service like a token does (`auth_enabled`).
+    oidc_issuers: Annotated[list[OidcIssuer], NoDecode] = Field(default_factory=list)
     # Verdict reuse stays within one owner (a token's name); owners an admin lists together
     # here share verdicts as one trust group (service/reuse.py rule 3): "alice,bob;carol,dave".
     reuse_groups: Annotated[list[frozenset[str]], NoDecode] = Field(default_factory=list)
@@ -192,6 +317,11 @@ class Settings(BaseSettings):
             return [NamedToken(v) if isinstance(v, str) else v for v in value]
         return value
 
+    @field_validator("oidc_issuers", mode="before")
+    @classmethod
+    def _parse_issuers(cls, value: Any) -> Any:
+        return parse_issuers(value) if isinstance(value, str) else value
+
     @field_validator("reuse_groups", mode="before")
     @classmethod
     def _split_groups(cls, value: Any) -> Any:
@@ -199,7 +329,8 @@ class Settings(BaseSettings):
 
     @property
     def auth_enabled(self) -> bool:
-        return bool(self.api_tokens or self.admin_tokens or self.view_tokens or self.runner_tokens)
+        tokens = self.api_tokens or self.admin_tokens or self.view_tokens or self.runner_tokens
+        return bool(tokens or self.oidc_issuers)
 
     @property
     def effective_database_url(self) -> str:
@@ -222,6 +353,9 @@ def get_settings() -> Settings:
         return Settings()
     except ValidationError as exc:
         first = exc.errors()[0]
-        name = "BISECT_" + str(first["loc"][0]).upper() if first.get("loc") else "BISECT_*"
+        loc = first.get("loc") or ()
+        name = "BISECT_" + str(loc[0]).upper() if loc else "BISECT_*"
+        # Inside a list of objects (BISECT_OIDC_ISSUERS): which item, which field.
+        where = "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in loc[1:])
         text = str(first["msg"]).removeprefix("Value error, ")
-        raise InvalidInput(f"{name}: {text}") from None
+        raise InvalidInput(f"{name}{where}: {text}") from None

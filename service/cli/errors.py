@@ -1,11 +1,12 @@
 """One-line errors with documented exit statuses, never a traceback.
 
 Exit statuses, in one place: 2 bad input (a `LeakbisectError` of kind InvalidInput,
-NotFound, Conflict, Forbidden or LimitExceeded, or a refused request), 1 internal or unavailable
-(Unavailable, a server that cannot be reached, anything unexpected), and the outcome of a
-finished job that `run` and `submit --wait` exit with (`OUTCOME_STATUS`: 0 found, 3 bounds
-failed, 4 inconclusive). Only the CLI has exit statuses: the API and the page show the
-job's status itself, so the mapping lives here, not beside the report's model.
+NotFound, Conflict, Unauthenticated, Forbidden or LimitExceeded, or a refused request), 1
+internal or unavailable (Unavailable, a server that cannot be reached, anything
+unexpected), and the outcome of a finished job that `run` and `submit --wait` exit with
+(`OUTCOME_STATUS`: 0 found, 3 bounds failed, 4 inconclusive). Only the CLI has exit
+statuses: the API and the page show the job's status itself, so the mapping lives here,
+not beside the report's model.
 """
 
 import functools
@@ -21,6 +22,7 @@ from contract.errors import (
     LeakbisectError,
     LimitExceeded,
     NotFound,
+    Unauthenticated,
 )
 
 BAD_INPUT = 2
@@ -31,6 +33,7 @@ EXIT_STATUS: dict[type[LeakbisectError], int] = {
     NotFound: BAD_INPUT,
     Conflict: BAD_INPUT,
     Forbidden: BAD_INPUT,
+    Unauthenticated: BAD_INPUT,
     LimitExceeded: BAD_INPUT,  # TooLarge too: fix the request, or wait
 }
 # "found" stays 0 for a range that is not monotone: its first transition is a confirmed

@@ -1,8 +1,10 @@
 """Dependencies of the API: settings, database sessions and bearer-token auth.
 
 Who a token stands for and what each role may do are service rules (service/access.py);
-this module reads the bearer header, refuses what a route's role does not allow (401, 403,
-before the route runs) and hands routes their `Caller`, settings and session.
+this module takes the caller the guard authenticated (service/http/guard.py `CALLER`, or
+authenticates the bearer header itself where no guard ran), refuses what a route's role
+does not allow (401, 403, before the route runs) and hands routes their `Caller`,
+settings and session.
 """
 
 import logging
@@ -14,8 +16,9 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from sqlalchemy.engine import Engine
 from sqlmodel import Session
 
-from service.access import OPEN, Caller, identify
+from service.access import OPEN, Caller, authenticate
 from service.db import get_engine
+from service.http.guard import CALLER, MISSING
 from service.settings import Settings
 from service.store import MAX_ID
 
@@ -23,8 +26,8 @@ log = logging.getLogger(__name__)
 
 bearer = HTTPBearer(
     auto_error=False,
-    description="BISECT_API_TOKENS (or ADMIN/VIEW) for jobs and trials, "
-    "BISECT_RUNNER_TOKENS for runners",
+    description="BISECT_API_TOKENS (or ADMIN/VIEW), or a CI job's OIDC identity token from "
+    "an issuer in BISECT_OIDC_ISSUERS, for jobs and trials; BISECT_RUNNER_TOKENS for runners",
 )
 
 
@@ -71,16 +74,12 @@ def _caller(
 ) -> Caller:
     if not settings.auth_enabled:
         return OPEN
+    checked = request.scope.get(CALLER)
+    if isinstance(checked, Caller):
+        return checked
     if credentials is None or not credentials.credentials:
-        raise _refuse(
-            request,
-            status.HTTP_401_UNAUTHORIZED,
-            "missing bearer token (Authorization: Bearer TOKEN)",
-        )
-    caller = identify(settings, credentials.credentials)
-    if caller is None:
-        raise _refuse(request, status.HTTP_401_UNAUTHORIZED, "invalid bearer token")
-    return caller
+        raise _refuse(request, status.HTTP_401_UNAUTHORIZED, MISSING)
+    return authenticate(settings, credentials.credentials)  # Unauthenticated: 401
 
 
 def require_reader(request: Request, settings: SettingsDep, credentials: Credentials) -> Caller:

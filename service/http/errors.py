@@ -3,7 +3,8 @@
 - `LeakbisectError` kinds (contract/errors.py) map to statuses by `HTTP_STATUS`; a
   `field` is put in front of the message ("range: version 9.9 ... does not exist").
   The first matching row wins, so a kind comes before its base (`TooLarge` 413 before
-  `LimitExceeded` 429); a limit's ``retry_after_s`` is sent as ``Retry-After``.
+  `LimitExceeded` 429); a limit's ``retry_after_s`` is sent as ``Retry-After``, and a 401
+  (`Unauthenticated`) says ``WWW-Authenticate: Bearer``.
 - Request validation errors are 422 with every error on one line, each naming its field
   ("memory_limit: '12X' is not a positive size ...; repeats: ...").
 - Anything unexpected is logged with its traceback and answered 500 with the exception's
@@ -25,6 +26,7 @@ from contract.errors import (
     LimitExceeded,
     NotFound,
     TooLarge,
+    Unauthenticated,
     Unavailable,
 )
 
@@ -33,6 +35,7 @@ log = logging.getLogger(__name__)
 HTTP_STATUS: dict[type[LeakbisectError], int] = {
     InvalidInput: status.HTTP_422_UNPROCESSABLE_CONTENT,
     NotFound: status.HTTP_404_NOT_FOUND,
+    Unauthenticated: status.HTTP_401_UNAUTHORIZED,
     Conflict: status.HTTP_409_CONFLICT,
     Forbidden: status.HTTP_403_FORBIDDEN,
     Unavailable: status.HTTP_503_SERVICE_UNAVAILABLE,
@@ -78,12 +81,18 @@ def validation_detail(exc: RequestValidationError) -> str:
     return "; ".join(dict.fromkeys(parts)) or "invalid request"
 
 
+def headers(exc: LeakbisectError) -> dict[str, str] | None:
+    """The headers an answer to `exc` carries besides its status."""
+    if isinstance(exc, Unauthenticated):
+        return {"WWW-Authenticate": "Bearer"}
+    retry = exc.retry_after_s if isinstance(exc, LimitExceeded) else None
+    return {"Retry-After": str(retry)} if retry is not None else None
+
+
 async def _on_leakbisect_error(request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, LeakbisectError)
-    retry = exc.retry_after_s if isinstance(exc, LimitExceeded) else None
-    headers = {"Retry-After": str(retry)} if retry is not None else None
     return JSONResponse(
-        status_code=http_status(exc), content={"detail": exc.detail()}, headers=headers
+        status_code=http_status(exc), content={"detail": exc.detail()}, headers=headers(exc)
     )
 
 

@@ -6,9 +6,13 @@ In this order, for every HTTP request:
 1. Host. With no tokens configured the API answers only requests whose Host header is
    one of `Settings.trusted_hosts` (127.0.0.1, localhost, ::1 by default): a web page
    that makes a browser send requests to a name it controls (DNS rebinding) gets 400.
-2. Token. With tokens configured, a request under the API prefix without a bearer token
-   that matches a configured one is refused (401) before its body is read; the route's
-   own dependency then checks the token's role (service/http/deps.py).
+2. Token. With tokens or OIDC issuers configured, a request under the API prefix without
+   a bearer token that `service.access.authenticate` takes is refused before its body is
+   read: 401 with one line (an identity token's says what was wrong with it), or 503 when
+   its issuer's keys cannot be fetched now. An identity token is checked in a worker
+   thread (a key fetch must not stall the event loop). The caller found is left in the
+   request's scope (`CALLER`), where the route's own dependency takes it to check its role
+   (service/http/deps.py).
 3. Same site. A request that changes something under the API prefix (any method but
    GET, HEAD and OPTIONS), token or not, is refused (403) when `cross_site` says another
    site sent it. The web forms obey the same rule (service/web/auth.py `csrf_ok`).
@@ -24,14 +28,21 @@ In this order, for every HTTP request:
 """
 
 import json
+import logging
 import re
 from collections.abc import Awaitable, Callable, Mapping, MutableMapping
 from typing import Any
 from urllib.parse import urlsplit
 
+import anyio.to_thread
+
+from contract.errors import Unauthenticated, Unavailable
 from contract.wire import API_PREFIX
-from service.access import identify
+from service.access import Caller, authenticate
+from service.http import errors
 from service.settings import Settings
+
+log = logging.getLogger(__name__)
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
@@ -47,6 +58,9 @@ REPORT_LIMIT = 16 * MIB
 DEFAULT_LIMIT = 256 * KIB
 _REPORT = re.compile(rf"^{re.escape(API_PREFIX)}/trials/[^/]+/complete/?$")
 _SUBMIT = re.compile(rf"^{re.escape(API_PREFIX)}/jobs/?$")
+# The ASGI scope key the guard leaves the authenticated `Caller` under.
+CALLER = "leakbisect.caller"
+MISSING = "missing bearer token (Authorization: Bearer TOKEN)"
 
 
 def limit_for(method: str, path: str) -> int:
@@ -130,11 +144,16 @@ class Guard:
         self.app = app
         self.settings = settings
 
+    async def _authenticate(self, token: str) -> Caller:
+        if self.settings.oidc_issuers:  # a JWKS fetch may wait on the network
+            return await anyio.to_thread.run_sync(authenticate, self.settings, token)
+        return authenticate(self.settings, token)
+
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
         headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
-        refusal = self._refusal(scope, headers)
+        refusal = await self._refusal(scope, headers)
         if refusal is not None:
             status, detail, extra = refusal
             return await _answer(send, status, detail, extra)
@@ -151,7 +170,7 @@ class Guard:
             return await _answer(send, *_too_large(limit, scope["path"]))
         await self.app(scope, _replay(body, receive), send)
 
-    def _refusal(
+    async def _refusal(
         self, scope: Scope, headers: dict[str, str]
     ) -> tuple[int, str, dict[str, str] | None] | None:
         settings = self.settings
@@ -169,9 +188,14 @@ class Guard:
         if settings.auth_enabled:
             scheme, _, token = headers.get("authorization", "").partition(" ")
             if scheme.lower() != "bearer" or not token.strip():
-                return 401, "missing bearer token (Authorization: Bearer TOKEN)", _CHALLENGE
-            if identify(settings, token.strip()) is None:
-                return 401, "invalid bearer token", _CHALLENGE
+                return 401, MISSING, _CHALLENGE
+            try:
+                scope[CALLER] = await self._authenticate(token.strip())
+            except (Unauthenticated, Unavailable) as exc:
+                # Who was refused and why; never the header or the token.
+                client = (scope.get("client") or ("?",))[0]
+                log.info("refused %s %s from %s: %s", scope["method"], scope["path"], client, exc)
+                return errors.http_status(exc), exc.detail(), errors.headers(exc)
         if scope["method"] in SAFE_METHODS:
             return None
         foreign = cross_site(headers)
