@@ -27,7 +27,6 @@ from typing import Literal
 from pydantic import SecretStr
 
 from contract.errors import Unauthenticated
-from service import oidc
 from service.settings import Settings
 
 Role = Literal["open", "client", "admin", "viewer", "runner"]
@@ -95,6 +94,11 @@ def authenticate(settings: Settings, token: str) -> Caller:
     caller = identify(settings, token)
     if caller is not None:
         return caller
-    if settings.oidc_issuers and oidc.is_jwt(token):
-        return Caller("client", oidc.verify(settings.oidc_issuers, token))
+    if settings.oidc_issuers:
+        # Imported here: PyJWT and cryptography cost every command that reads jobs (`run`
+        # included) a noticeable start, and only a server with issuers needs them.
+        from service import oidc
+
+        if oidc.is_jwt(token):
+            return Caller("client", oidc.verify(settings.oidc_issuers, token))
     raise Unauthenticated(INVALID)

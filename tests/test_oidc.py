@@ -573,3 +573,19 @@ def test_a_listed_http_issuer_and_a_good_one_are_taken(monkeypatch: pytest.Monke
         (GOOD["issuer"], (), {"repository_owner": "myorg"}),
         ("http://gitlab.internal", ("gitlab.internal",), {"repository_owner": "myorg"}),
     ]
+
+
+def test_the_readmes_example_is_a_setting_the_server_takes(monkeypatch: pytest.MonkeyPatch) -> None:
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    block = readme.split("<!-- oidc-example -->\n```sh\n", 1)[1].split("```", 1)[0]
+    value = block.strip().removeprefix("BISECT_OIDC_ISSUERS='").removesuffix("'")
+    monkeypatch.setenv("BISECT_OIDC_ISSUERS", value)
+    get_settings.cache_clear()
+    try:
+        issuers = get_settings().oidc_issuers
+    finally:
+        get_settings.cache_clear()
+    assert [(i.issuer, i.owner, i.jwks_url) for i in issuers] == [
+        ("https://token.actions.githubusercontent.com", "github:{repository}", None),
+        ("https://gitlab.com", "gitlab:{project_path}", None),
+    ]
