@@ -143,7 +143,8 @@ def report(results: dict[str, Figures], repeats: int, command: str) -> str:
             f"- Code: {host['revision']}",
             f"- Machine: {host['summary']}; {host['uv']}",
             f"- When: {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())} (a cold figure is "
-            "mostly the network's: compare the rows of one run, not runs)",
+            "mostly the network's: compare the rows of one run, not runs); load average "
+            f"(1 min) at the end: {os.getloadavg()[0]:.2f} on {os.cpu_count()} cores",
             "",
             *rows,
             "",

@@ -107,6 +107,7 @@ class _OptionColumns(JobOptions):
 
 
 def _columns(model: type[BaseModel]) -> None:
+    """Append to each of `model`'s fields with a `Stored` note the column sqlmodel reads."""
     for info in model.model_fields.values():
         if (stored := stored_of(info)) is not None:
             column = {"sa_type": STORED_TYPES[stored.type]} if stored.type else {}

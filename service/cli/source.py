@@ -79,6 +79,6 @@ class RemoteSource:
         return self.client.request("GET", f"/jobs/{job_id}/report.md").text
 
     def curves(self, report: JobPublic) -> dict[int, list[float]]:
-        """None for the text report: a server's are a request per run away, and the page
-        draws them better."""
+        """No curves for the text report: a server's are a request per run away, and the
+        page draws them better."""
         return {}
