@@ -85,10 +85,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from contract.floors import Judged, block_floors, judged_part, largest_drop, steps_done
-from contract.wire import EarlyStop, EarlyStopRecord
+from contract.wire import MIN_HORIZON_S, EarlyStop, EarlyStopRecord
 
 MIB = 1024 * 1024
-MIN_HORIZON_S = 60.0
 
 
 def max_looks(es: EarlyStop) -> int:

@@ -242,6 +242,12 @@ class Sample(Wire):
     step: int | None = Field(default=None, ge=0, le=MAX_STEP)  # the last step marker seen
 
 
+# The shortest horizon a trial may stop early on (contract/earlystop.py rule 2 says why 60 s).
+# Here, with the settings it bounds, so that a client (the job options' help) reads it
+# without the early-stop rules' numpy.
+MIN_HORIZON_S = 60.0
+
+
 class EarlyStop(Wire):
     """How a trial may end early (contract/earlystop.py has the rules).
 

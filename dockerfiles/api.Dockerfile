@@ -16,11 +16,12 @@ RUN set -eu; \
 
 WORKDIR /opt/leakbisect
 COPY pyproject.toml uv.lock README.md ./
+# The server extra (the API, page, database; and the runner, which `serve` imports).
 RUN set -eu; \
     ca=/etc/leakbisect/ca-bundle.pem; [ -f "$ca" ] || ca=/etc/ssl/certs/ca-certificates.crt; \
     SSL_CERT_FILE="$ca" UV_NATIVE_TLS=1 UV_CACHE_DIR=/tmp/uv-cache UV_PYTHON_DOWNLOADS=never \
         UV_PROJECT_ENVIRONMENT=/opt/leakbisect/.venv UV_LINK_MODE=copy UV_COMPILE_BYTECODE=1 \
-        uv sync --locked --no-dev --no-install-project --python python3; \
+        uv sync --locked --no-dev --no-install-project --extra server --python python3; \
     rm -rf /tmp/uv-cache /tmp/leakbisect-build; \
     groupadd --gid 10000 leakbisect; useradd --uid 10000 --gid 10000 --no-create-home --shell /usr/sbin/nologin leakbisect; \
     install -d -o 10000 -g 10000 -m 0700 /var/lib/leakbisect

@@ -35,11 +35,12 @@ RUN set -eu; \
 
 WORKDIR /opt/leakbisect
 COPY pyproject.toml uv.lock README.md ./
+# The runner extra only: the agent and the trial entry import no server package.
 RUN set -eu; \
     ca=/etc/leakbisect/ca-bundle.pem; [ -f "$ca" ] || ca=/etc/ssl/certs/ca-certificates.crt; \
     SSL_CERT_FILE="$ca" UV_NATIVE_TLS=1 UV_CACHE_DIR=/tmp/uv-cache UV_PYTHON_DOWNLOADS=never \
         UV_PROJECT_ENVIRONMENT=/opt/leakbisect/.venv UV_LINK_MODE=copy UV_COMPILE_BYTECODE=1 \
-        uv sync --locked --no-dev --no-install-project --python python3; \
+        uv sync --locked --no-dev --no-install-project --extra runner --python python3; \
     rm -rf /tmp/uv-cache /tmp/leakbisect-build
 # The project itself as its editable install would be (a .pth file and the console
 # script), then the code last: a code change rebuilds only the COPY layers (about 1 s).

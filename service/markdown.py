@@ -15,8 +15,7 @@ import re
 from typing import Any
 
 from engine import findings
-from service.report import contradiction_note, transition_line
-from service.schemas import Evidence, Report
+from service.schemas import Evidence, Report, contradiction_note, transition_line
 from service.text import printable
 
 _SPECIAL = re.compile(r"([\\`*_\[\]<>|~])")

@@ -1,7 +1,9 @@
 """SQLModel tables: jobs, their candidates, trials and memory samples.
 
-A job's options are defined once in `service.options.JobOptions`, which `Job` extends;
-wire models (what the API and CLI print) live in `service.schemas`.
+A job's options are defined once in `service.options.JobOptions` (pure pydantic: the
+client's too), which `Job` extends; where an option's column is not what its type says,
+its `Stored` note names it and `_OptionColumns` gives sqlmodel that column. Wire models
+(what the API and CLI print) live in `service.schemas`.
 A job's JSON columns of state (its stages, outcome, findings, search) are typed: the models
 and the column type that stores them are `service.state`'s. The other JSON columns hold
 lists and analysis dicts whose shape belongs to the code that writes them (the classifier,
@@ -17,9 +19,10 @@ from pydantic import BaseModel
 from sqlalchemy import JSON, BigInteger, Column, Dialect, Float, Index, Text, UniqueConstraint
 from sqlalchemy.types import TypeDecorator
 from sqlmodel import Field, SQLModel
+from sqlmodel.main import FieldInfoMetadata
 
 from contract.wire import TrialKind
-from service.options import JobOptions
+from service.options import JobOptions, stored_of
 from service.state import (
     Attribution,
     CommitFinding,
@@ -93,7 +96,28 @@ def _state(model: type[BaseModel]) -> Any:
     return Field(default=None, sa_column=Column(JSONModel(model)))
 
 
-class Job(JobOptions, table=True):
+# The column types an option's `Stored` note names (service/options.py).
+STORED_TYPES: dict[str, Any] = {"text": Text, "json": JSON, "bigint": BigInteger}
+
+
+class _OptionColumns(JobOptions):
+    """`JobOptions` whose fields carry sqlmodel's column metadata (what `sqlmodel.Field(
+    sa_type=..., index=...)` attaches), made from each field's `Stored` note. Its fields are
+    this subclass's own copies: the client's `JobOptions` is left as it is."""
+
+
+def _columns(model: type[BaseModel]) -> None:
+    """Append to each of `model`'s fields with a `Stored` note the column sqlmodel reads."""
+    for info in model.model_fields.values():
+        if (stored := stored_of(info)) is not None:
+            column = {"sa_type": STORED_TYPES[stored.type]} if stored.type else {}
+            info.metadata.append(FieldInfoMetadata(index=stored.index, **column))
+
+
+_columns(_OptionColumns)
+
+
+class Job(_OptionColumns, SQLModel, table=True):
     """A bisection: its options (`JobOptions`) plus what the service adds and learns."""
 
     id: int | None = Field(default=None, primary_key=True)

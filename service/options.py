@@ -13,22 +13,26 @@ and their names) stay flat on the wire and in the table, but are read as one uni
 `env_policy` (service/envpolicy.py), whose module holds every rule between them: the one
 validator `_env_policy` runs it. Code that acts on the policy asks the union.
 
-`option()` is `sqlmodel.Field` plus where the option appears on the command line: its
+`option()` is pydantic's `Field` plus where the option appears on the command line: its
 flag(s) and the commands that offer it. Flags live in the field's JSON schema under
 ``x-cli`` (so the OpenAPI document says which flag sets a field, too).
+
+Pure pydantic: this module is the client's too (`bisect-cli submit` builds a `JobCreate`
+on an install without the server extra), so it names no table type. Where the `job`
+table's column is not what the field's type says (long text, JSON, a 64-bit integer, an
+index), the field carries a `Stored` note that service/models.py turns into the column.
 """
 
 import re
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Literal
 
 from packaging.requirements import InvalidRequirement, Requirement
 from packaging.utils import canonicalize_name
-from pydantic import ConfigDict, ValidationInfo, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 from pydantic.fields import FieldInfo
-from sqlalchemy import JSON, BigInteger, Text
-from sqlmodel import Field, SQLModel
 
-from contract.earlystop import MIN_HORIZON_S
+from contract.wire import MIN_HORIZON_S
 from engine.units import SIZE_HELP, parse_size
 from service import envpolicy
 
@@ -56,6 +60,21 @@ SCRIPT_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,99}\.py")
 RUN_AND_SUBMIT = ("run", "submit")
 
 
+@dataclass(frozen=True)
+class Stored:
+    """How the `job` table stores an option where the field's type alone does not say
+    (service/models.py makes the column): as long text, JSON or a 64-bit integer, and
+    whether the column is indexed. Pydantic keeps it in the field's metadata and ignores it."""
+
+    type: Literal["text", "json", "bigint"] | None = None
+    index: bool = False
+
+
+def stored_of(info: FieldInfo) -> Stored | None:
+    """The `Stored` note of a field, or None (the column follows the field's type)."""
+    return next((meta for meta in info.metadata if isinstance(meta, Stored)), None)
+
+
 def option(
     default: Any = ...,
     *,
@@ -65,6 +84,8 @@ def option(
     metavar: str | None = None,
     file: str | None = None,
     verdict: bool = True,
+    column: Literal["text", "json", "bigint"] | None = None,
+    index: bool = False,
     **field: Any,
 ) -> Any:
     """A job option: `Field(...)` plus its command-line flag(s) (None: not on the CLI).
@@ -76,6 +97,7 @@ def option(
     ``verdict=False``: the option cannot change a release's verdict. Every other option
     is in the verdict-reuse key (service/reuse.py), so a new one is keyed unless it says
     otherwise: forgetting costs reuse, never a wrong verdict.
+    ``column``, ``index``: how the `job` table stores it, where its type does not say (`Stored`).
     """
     cli = {"flag": flag, "commands": list(commands), "metavar": metavar} if flag else None
     if cli and file:
@@ -83,10 +105,10 @@ def option(
     extra: dict[str, Any] | None = {"x-cli": cli} if cli else None
     if not verdict:
         extra = (extra or {}) | {"x-verdict": False}
-    schema: dict[str, Any] = {"json_schema_extra": extra}
-    if field.pop("validate_default", False):  # checked even when not given (sqlmodel's
-        schema["validate_default"] = True  # Field has no such argument; pydantic's has)
-    return Field(default, description=help, schema_extra=schema, **field)
+    info: FieldInfo = Field(default, description=help, json_schema_extra=extra, **field)
+    if column or index:
+        info.metadata.append(Stored(column, index))
+    return info
 
 
 def cli_of(info: FieldInfo) -> dict[str, Any] | None:
@@ -101,11 +123,11 @@ def changes_verdict(info: FieldInfo) -> bool:
     return not isinstance(extra, dict) or extra.get("x-verdict", True) is not False
 
 
-class JobOptions(SQLModel):
+class JobOptions(BaseModel):
     """What a bisection job is asked to do: the same from `run`, `submit` and REST."""
 
     # No infinities or NaNs anywhere: 1e999 as a threshold means nothing can ever leak.
-    model_config = ConfigDict(allow_inf_nan=False)  # type: ignore[assignment]
+    model_config = ConfigDict(allow_inf_nan=False)
 
     from_env_name: str | None = option(
         None, flag=None, help="The good environment's file name (says its format).", max_length=200
@@ -119,7 +141,7 @@ class JobOptions(SQLModel):
         "culprit's first bad release.",
         metavar="GOOD_ENV",
         file="from_env_name",
-        sa_type=Text,
+        column="text",
     )
     to_env_name: str | None = option(
         None, flag=None, help="The bad environment's file name (says its format).", max_length=200
@@ -130,7 +152,7 @@ class JobOptions(SQLModel):
         help="The environment that leaks (same formats as --from).",
         metavar="BAD_ENV",
         file="to_env_name",
-        sa_type=Text,
+        column="text",
         validate_default=True,
     )
     package: str = option(
@@ -142,7 +164,7 @@ class JobOptions(SQLModel):
         index=True,
         validate_default=True,
     )
-    script: str = option(flag=None, help="The repro script's text (at most 1 MiB).", sa_type=Text)
+    script: str = option(flag=None, help="The repro script's text (at most 1 MiB).", column="text")
     script_name: str = option(
         "repro.py", flag=None, help="The script's file name (a plain name ending in .py)."
     )
@@ -157,7 +179,7 @@ class JobOptions(SQLModel):
         flag="--with",
         help="Another requirement of the repro, e.g. 'numpy<2'; repeatable (-r FILE: a file).",
         metavar="REQ",
-        sa_type=JSON,
+        column="json",
     )
     index_url: str | None = option(
         None,
@@ -171,14 +193,14 @@ class JobOptions(SQLModel):
         flag="--extra-index-url",
         help="Another index; repeatable.",
         metavar="URL",
-        sa_type=JSON,
+        column="json",
     )
     find_links: list[str] = option(
         default_factory=list,
         flag="--find-links",
         help="Directory of wheels/sdists; repeatable.",
         metavar="DIR",
-        sa_type=JSON,
+        column="json",
     )
     pre: bool = option(False, flag="--pre", help="Include pre-releases in the range.")
     skip_yanked: bool = option(
@@ -216,7 +238,7 @@ class JobOptions(SQLModel):
         "versions, with only the bisected package swapped (and what it forces noted).",
         metavar="FILE",
         file="base_env_name",
-        sa_type=Text,
+        column="text",
     )
     find_fix: bool = option(
         False,
@@ -266,7 +288,7 @@ class JobOptions(SQLModel):
         flag="--memory-limit",
         help=f"Hard cap per run: {SIZE_HELP}, at least 16MiB (default 80% of the runner's RAM).",
         metavar="SIZE",
-        sa_type=BigInteger,
+        column="bigint",
     )
     sample_hz: float = option(
         10.0,
@@ -344,7 +366,7 @@ class JobOptions(SQLModel):
         help="An environment variable for the script, KEY=VALUE; repeatable "
         "(never BISECT_*; the runner adds only PATH, HOME, locale and CA settings).",
         metavar="KEY=VALUE",
-        sa_type=JSON,
+        column="json",
     )
 
     @field_validator(*envpolicy.RULES, check_fields=False)  # "range" is JobCreate's

@@ -12,8 +12,9 @@ its runner (``trials ran without: ...``, from each trial's `TrialReport.missing_
 Other jobs a candidate points at (the job that contradicted its verdict, the job its
 verdict was copied from) are named only when they are the job's owner's own (`Links`,
 `links`): inside a trust group (service/reuse.py rules 3 and 6) they may be another
-owner's, and an owner sees only their own jobs. `contradiction_note` and `reuse_note` word
-them once for the text, Markdown and web views.
+owner's, and an owner sees only their own jobs. `contradiction_note` and `reuse_note`
+(service/schemas.py, beside the rows they read) word them once for the text, Markdown and
+web views.
 """
 
 import shlex
@@ -42,14 +43,6 @@ from service.specs import env_spec
 from service.state import dump
 
 
-def transition_line(row: TransitionRow) -> str:
-    """One transition in words, the same in the text report, Markdown and the page."""
-    where = ", ".join([*row.between, row.after])
-    at = f"at one of {where}" if row.between else f"at {row.after}"
-    confirmed = "" if row.confirmed else ", not re-run to confirm"
-    return f"{row.change} {at}, after {row.before}{confirmed}"
-
-
 def _runs(trials: list[Trial]) -> list[Trial]:
     """The finished runs of the script (service/kinds.py: no other kind is a run)."""
     return [t for t in kinds.runs(trials) if t.status == TrialStatus.DONE]
@@ -69,10 +62,6 @@ def _last_error(candidate: Candidate, done: list[Trial]) -> str | None:
     errors = [run_error(t) for t in done if t.candidate_id == candidate.id]
     found = [e for e in errors if e]
     return found[-1] if found and candidate.verdict in (Verdict.ERROR, Verdict.SKIP) else None
-
-
-# How the views name a job of another owner of the trust group.
-GROUP_JOB = "a job of this trust group"
 
 
 @dataclass(frozen=True)
@@ -114,25 +103,6 @@ def links(session: Session, job: Job, candidates: list[Candidate]) -> Links:
             if jid is not None and owner != job.owner
         )
     return Links(sources=sources, hidden=hidden)
-
-
-def contradiction_note(row: CandidateRow) -> str | None:
-    """The note of a contradicted verdict: by job N, or by `GROUP_JOB` when N is another
-    owner's."""
-    if row.contradicted_by_job is not None:
-        return f"flaky: contradicted by job {row.contradicted_by_job}"
-    return f"flaky: contradicted by {GROUP_JOB}" if row.contradicted else None
-
-
-def reuse_note(row: CandidateRow) -> str | None:
-    """The note of a copied verdict: from job N, or from an earlier job of the trust group
-    when N is another owner's (the page's sentence; `candidate_rows` knows N only with
-    `links`)."""
-    if not row.reused:
-        return None
-    if row.reused_from_job is not None:
-        return f"verdicts reused from job {row.reused_from_job}"
-    return "verdicts reused from an earlier job of this trust group"
 
 
 def candidate_rows(

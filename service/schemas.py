@@ -4,9 +4,12 @@ What `POST /jobs` and `bisect-cli run` take (`JobCreate`, `AgainRequest`), what 
 answers (jobs, trials, samples, runners' acks), and the typed `Report` of a job that
 `run --json`, `submit --wait`, `status`, the API, the page and the Markdown report all show.
 
-Rules: models only (builders from stored rows live in `service.report`, the routes in
-`service.api`); table models (`service.models`) never go on the wire; the runner contract
-(what runners send and receive) lives in `contract.wire`, not here.
+Rules: models, and the words a row is shown in (`transition_line`, `contradiction_note`,
+`reuse_note`: the text report, Markdown and the page say them alike); builders from stored
+rows live in `service.report`, the routes in `service.api`; table models (`service.models`)
+never go on the wire; the runner contract (what runners send and receive) lives in
+`contract.wire`, not here. Pure pydantic: the client (`bisect-cli submit`, `status`, ...)
+reads the API's answers into these models without the server extra.
 """
 
 from datetime import datetime
@@ -181,6 +184,29 @@ class CandidateRow(BaseModel):
     pooled: str | None = None
 
 
+# How the views name a job of another owner of the trust group.
+GROUP_JOB = "a job of this trust group"
+
+
+def contradiction_note(row: CandidateRow) -> str | None:
+    """The note of a contradicted verdict: by job N, or by `GROUP_JOB` when N is another
+    owner's."""
+    if row.contradicted_by_job is not None:
+        return f"flaky: contradicted by job {row.contradicted_by_job}"
+    return f"flaky: contradicted by {GROUP_JOB}" if row.contradicted else None
+
+
+def reuse_note(row: CandidateRow) -> str | None:
+    """The note of a copied verdict: from job N, or from an earlier job of the trust group
+    when N is another owner's (the page's sentence; `candidate_rows` knows N only with
+    `links`)."""
+    if not row.reused:
+        return None
+    if row.reused_from_job is not None:
+        return f"verdicts reused from job {row.reused_from_job}"
+    return "verdicts reused from an earlier job of this trust group"
+
+
 class RunEvidence(BaseModel):
     trial: int  # the trial's number in its job (1, 2, ...), as users count them
     trial_id: int  # its id in the API's paths (/api/v1/trials/{trial_id}/samples)
@@ -211,6 +237,14 @@ class TransitionRow(BaseModel):
     change: str  # "starts leaking" | "stops leaking" (at `after`)
     confirmed: bool  # both releases judged twice
     between: list[str] = Field(default_factory=list)  # untested or unjudgeable releases
+
+
+def transition_line(row: TransitionRow) -> str:
+    """One transition in words, the same in the text report, Markdown and the page."""
+    where = ", ".join([*row.between, row.after])
+    at = f"at one of {where}" if row.between else f"at {row.after}"
+    confirmed = "" if row.confirmed else ", not re-run to confirm"
+    return f"{row.change} {at}, after {row.before}{confirmed}"
 
 
 class FindFirstChange(BaseModel):

@@ -30,9 +30,8 @@ from service.app import create_app
 from service.cli.display import render_report
 from service.db import get_engine, make_engine, upgrade
 from service.models import Candidate, Job, JobStatus, PinState, Trial, TrialKind, TrialStatus
-from service.report import reuse_note
 from service.scheduler import advance
-from service.schemas import Report
+from service.schemas import Report, reuse_note
 from service.settings import Settings, get_settings
 from service.trials import record_report
 

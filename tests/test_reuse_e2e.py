@@ -27,7 +27,7 @@ from rich.console import Console
 
 from service.app import create_app
 from service.cli.display import render_report
-from service.cli.source import LocalSource
+from service.cli.localdb import LocalSource
 from service.schemas import Report
 from service.settings import Settings
 from tests.test_run_e2e import cli, run_args

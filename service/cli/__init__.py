@@ -4,7 +4,9 @@ A command's module is imported only when that command runs or shows its own help
 (`LazyGroup`): `bisect-cli run` does not import the web server `serve` needs, and
 `bisect-cli --help` imports no command at all. `COMMANDS` names each command's module and
 the one line `bisect-cli --help` shows for it; tests/test_cli_startup.py checks that line
-against the command's own help.
+against the command's own help. `--help` lists every command on every install; a command
+that needs an extra the install lacks (`EXTRA`) says so in one line when it is loaded
+(service/cli/errors.py `needs_extra`, exit 2).
 """
 
 import importlib
@@ -14,7 +16,7 @@ import typer
 from typer.core import TyperCommand, TyperGroup
 
 from contract.errors import LeakbisectError
-from service.cli.errors import exit_status, internal
+from service.cli.errors import exit_status, internal, needs_extra
 
 # name -> (module, attribute: a command function or a Typer group, its one-line help)
 COMMANDS: dict[str, tuple[str, str, str]] = {
@@ -52,6 +54,10 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
 }  # fmt: skip
 
 
+# The commands beyond the client (the default install), and the extra each needs.
+EXTRA: dict[str, str] = {"run": "server", "serve": "server", "runner": "runner", "db": "server"}
+
+
 class _Listed(TyperCommand):
     """What `bisect-cli --help` lists for a command whose module is not imported yet."""
 
@@ -59,7 +65,12 @@ class _Listed(TyperCommand):
 def load_command(name: str) -> TyperCommand | TyperGroup:
     """The command `name`, built from its module (imported here)."""
     module, attribute, _ = COMMANDS[name]
-    target = getattr(importlib.import_module(module), attribute)
+    try:
+        target = getattr(importlib.import_module(module), attribute)
+    except ModuleNotFoundError as exc:
+        if name not in EXTRA:
+            raise
+        needs_extra(f"bisect-cli {name}", exc, EXTRA[name])
     if not isinstance(target, typer.Typer):
         single = typer.Typer(add_completion=False)
         single.command(name=name)(target)

@@ -1,8 +1,15 @@
-"""The live progress display and the final report, drawn with Rich on the terminal."""
+"""The live progress display and the final report, drawn with Rich on the terminal.
 
+The client's too (`submit`, `status`, `report`): it reads the API's models only, never the
+tables (`LiveDisplay` and `LineProgress`, `run`'s, are handed table rows but name their
+types for the type checker alone), so it needs no more than the default install.
+"""
+
+import json
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any, NoReturn
 
+import typer
 from rich.console import Console, Group
 from rich.live import Live
 from rich.markup import escape
@@ -13,10 +20,12 @@ from contract.wire import Sample
 from engine import findings
 from engine.baseenv import FORCED_NOTE
 from engine.verdicts import Verdict
-from service.models import Candidate, Trial
-from service.report import contradiction_note, transition_line
-from service.schemas import CandidateRow, Report
+from service.cli.errors import outcome_status
+from service.schemas import CandidateRow, Report, contradiction_note, transition_line
 from service.text import printable
+
+if TYPE_CHECKING:
+    from service.models import Candidate, Trial
 
 STYLE = {
     "leak": ("L", "bold white on red"),
@@ -59,7 +68,7 @@ def sparkline(values: list[float], width: int = 48) -> str:
 class LiveDisplay:
     """Candidates as a row of cells that fill in as verdicts arrive."""
 
-    def __init__(self, console: Console, candidates: list[Candidate], package: str) -> None:
+    def __init__(self, console: Console, candidates: list["Candidate"], package: str) -> None:
         self.console = console
         self.package = package
         self.cells = {c.id: [c.version, c.verdict, c.testable] for c in candidates}
@@ -105,7 +114,7 @@ class LiveDisplay:
     def refresh(self) -> None:
         self.live.update(self._render())
 
-    def trial_started(self, candidate: Candidate, trial: Trial) -> None:
+    def trial_started(self, candidate: "Candidate", trial: "Trial") -> None:
         label = f"{candidate.version} (evaluation {trial.evaluation}, trial {trial.number})"
         self.running[trial.id] = (label, candidate.id)
         self.memory = None
@@ -114,7 +123,7 @@ class LiveDisplay:
     def sample(self, sample: Sample) -> None:
         self.memory = sample
 
-    def trial_finished(self, candidate: Candidate, trial: Trial, verdict: Verdict) -> None:
+    def trial_finished(self, candidate: "Candidate", trial: "Trial", verdict: Verdict) -> None:
         self.trials += 1
         self.cells[candidate.id][1] = candidate.verdict or verdict.value
         self.running.pop(trial.id, None)
@@ -134,18 +143,28 @@ class LineProgress:
     def __init__(self, console: Console) -> None:
         self.console = console
 
-    def trial_started(self, candidate: Candidate, trial: Trial) -> None:
+    def trial_started(self, candidate: "Candidate", trial: "Trial") -> None:
         self.console.print(f"running {candidate.version} (trial {trial.number})")
 
     def sample(self, sample: Sample) -> None:
         pass
 
-    def trial_finished(self, candidate: Candidate, trial: Trial, verdict: Verdict) -> None:
+    def trial_finished(self, candidate: "Candidate", trial: "Trial", verdict: Verdict) -> None:
         reason = outside((trial.analysis or {}).get("reason", ""))
         self.console.print(f"  {candidate.version}: {verdict.value} {reason}")
 
     def message(self, text: str) -> None:
         self.console.print(outside(text))
+
+
+def print_report(report: Report, curves: dict[int, list[float]], json_: bool) -> NoReturn:
+    """The final report (JSON or Rich) and the exit status of its job status (`run`,
+    `submit --wait`)."""
+    if json_:
+        typer.echo(json.dumps(report.wire()))
+    else:
+        render_report(Console(), report, curves)
+    raise typer.Exit(outcome_status(report.status))
 
 
 def render_report(console: Console, report: Report, curves: dict[int, list[float]]) -> None:

@@ -1,12 +1,12 @@
 """One-line errors with documented exit statuses, never a traceback.
 
 Exit statuses, in one place: 2 bad input (a `LeakbisectError` of kind InvalidInput,
-NotFound, Conflict, Unauthenticated, Forbidden or LimitExceeded, or a refused request), 1
-internal or unavailable (Unavailable, a server that cannot be reached, anything
-unexpected), and the outcome of a finished job that `run` and `submit --wait` exit with
-(`OUTCOME_STATUS`: 0 found, 3 bounds failed, 4 inconclusive). Only the CLI has exit
-statuses: the API and the page show the job's status itself, so the mapping lives here,
-not beside the report's model.
+NotFound, Conflict, Unauthenticated, Forbidden or LimitExceeded, a refused request, or a
+command this install cannot run: `needs_extra`), 1 internal or unavailable (Unavailable,
+a server that cannot be reached, anything unexpected), and the outcome of a
+finished job that `run` and `submit --wait` exit with (`OUTCOME_STATUS`: 0 found, 3 bounds
+failed, 4 inconclusive). Only the CLI has exit statuses: the API and the page show the
+job's status itself, so the mapping lives here, not beside the report's model.
 """
 
 import functools
@@ -27,6 +27,14 @@ from contract.errors import (
 
 BAD_INPUT = 2
 INTERNAL = 1
+
+# The default install is the client (submit, status, list, logs, report, cancel); the rest
+# needs an extra (pyproject.toml [project.optional-dependencies]): each one's install line.
+INSTALL_EXTRA = {
+    "server": "uv tool install 'leakbisect[server]'",  # the API, page, database; and runners
+    "runner": "uv tool install 'leakbisect[runner]'",
+}
+OUR_PACKAGES = ("contract", "engine", "runners", "service")
 
 EXIT_STATUS: dict[type[LeakbisectError], int] = {
     InvalidInput: BAD_INPUT,
@@ -81,6 +89,16 @@ def fail_with(exc: LeakbisectError) -> NoReturn:
     shown = exc.field and exc.show_field_on_cli
     message = f"{flags().get(exc.field, exc.field)}: {exc}" if shown else str(exc)
     fail(message, exit_status(exc))
+
+
+def needs_extra(what: str, exc: ModuleNotFoundError, extra: str = "server") -> NoReturn:
+    """`what` needs `extra`, which this install lacks (`exc` names the missing package): one
+    line naming the extra and how to install it, exit 2. A module of ours missing is a bug,
+    raised as it is."""
+    missing = (exc.name or "").split(".")[0]
+    if not missing or missing in OUR_PACKAGES:
+        raise exc
+    fail(f"{what} needs the {extra} extra (no {missing} here): {INSTALL_EXTRA[extra]}")
 
 
 def validation_message(exc: Exception) -> str:

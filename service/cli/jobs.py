@@ -26,10 +26,9 @@ from service.cli.display import render_report
 from service.cli.errors import fail
 from service.cli.options import DatabaseUrl, Json, keyword, own_params, set_params
 from service.cli.remote import DEFAULT_SERVER, ArgvToken, Server, Token, api_errors, make_client
-from service.cli.source import LocalSource, Source, open_source
+from service.cli.source import Source, open_source
 from service.schemas import JobPublic, JobSummary
 from service.text import printable
-from service.views import evidence_curves
 
 ReadServer = Annotated[
     str | None,
@@ -247,13 +246,5 @@ def report(job: JobId, markdown: Markdown = False, local: Local = False, *, read
         if read.json:
             _echo_json(public.model_dump(mode="json"))
             return
-        curves = curves_of(source, public)
+        curves = source.curves(public)
     render_report(Console(), public, curves)
-
-
-def curves_of(source: Source, report: JobPublic) -> dict[int, list[float]]:
-    """The evidence runs' memory curves for the text report (read locally only: a server's
-    are a request per run away, and the page draws them better)."""
-    if not isinstance(source, LocalSource):
-        return {}
-    return evidence_curves(source.session, report)

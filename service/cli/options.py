@@ -15,7 +15,6 @@ from typing import Annotated, Any, TypeVar, Union, get_origin
 import typer
 from pydantic import ValidationError
 from pydantic.fields import FieldInfo
-from sqlalchemy.engine import make_url
 
 from engine import baseenv
 from service.cli.errors import fail, validation_message
@@ -52,6 +51,10 @@ def no_password_on_argv(
     if not value or getattr(source, "name", None) != "COMMANDLINE":
         return value
     try:
+        # Here, not at the top: the client commands offer the flag without the server extra
+        # (a local database needs it; service/cli/source.py says so when it is missing).
+        from sqlalchemy.engine import make_url
+
         password = make_url(value).password
     except Exception:  # noqa: BLE001 - a URL that does not parse is reported when opened
         return value

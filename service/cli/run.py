@@ -5,19 +5,18 @@ the models, the executor, the scheduler) is imported when the command runs, so
 `bisect-cli run --help` stays quick (tests/test_cli_startup.py).
 """
 
-import json
 import signal
 import sys
 from contextlib import ExitStack
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any, NoReturn
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.console import Console
 
 from contract.errors import LeakbisectError
 from service.cli.db import results_database, shown
-from service.cli.errors import fail, fail_with, internal, outcome_status
+from service.cli.errors import fail, fail_with, internal
 from service.cli.executor import make_executor, with_executor_options
 from service.cli.options import DatabaseUrl, Json, build_request, job_request, with_job_options
 
@@ -28,7 +27,7 @@ if TYPE_CHECKING:
     from contract.executor import Executor
     from runners.nvml import GpuProbe
     from service.models import Job
-    from service.schemas import JobCreate, Report
+    from service.schemas import JobCreate
     from service.settings import Settings
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "example"
@@ -54,17 +53,6 @@ Jobs = Annotated[
         "memory another trial would disturb.",
     ),
 ]
-
-
-def print_report(report: "Report", curves: dict[int, list[float]], json_: bool) -> NoReturn:
-    """The final report (JSON or Rich) and the exit status of its job status."""
-    from service.cli.display import render_report
-
-    if json_:
-        typer.echo(json.dumps(report.wire()))
-    else:
-        render_report(Console(), report, curves)
-    raise typer.Exit(outcome_status(report.status))
 
 
 def _serve_example(stack: ExitStack, settings: "Settings", quiet: bool) -> str:
@@ -162,6 +150,7 @@ def run(
 
     from runners.nvml import open_probe
     from service import store
+    from service.cli.display import print_report
     from service.report import build_report
     from service.settings import get_settings
     from service.views import evidence_curves

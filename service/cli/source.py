@@ -3,9 +3,13 @@
 A command asks a server when `--server` is given or `BISECT_SERVER` is set; otherwise it
 reads the results database that `bisect-cli run` writes (`--database-url`, else
 `BISECT_DATABASE_URL`, else the per-user SQLite file). Both sources answer in the API's
-models (service/schemas.py): the local one builds them with the functions the API calls
-(service/views.py), the remote one reads the server's answer into them once, so every
-command prints one way whichever it is.
+models (service/schemas.py): the local one (service/cli/localdb.py) builds them with the
+functions the API calls (service/views.py), the remote one reads the server's answer into
+them once, so every command prints one way whichever it is.
+
+This module is the client's (the default install: httpx, pydantic); the local database is
+the server extra's, imported only when it is read: without the extra that is one line
+naming it, exit 2 (service/cli/errors.py `needs_extra`).
 """
 
 import os
@@ -13,17 +17,9 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any, Protocol
 
-from sqlalchemy.exc import SQLAlchemyError
-from sqlmodel import Session
-
-from contract.errors import LeakbisectError
-from service import store
-from service.cli.db import results_database, shown
-from service.cli.errors import fail, fail_with
+from service.cli.errors import fail, needs_extra
 from service.cli.remote import DEFAULT_SERVER, api_errors, make_client
-from service.db import get_engine
 from service.schemas import JobPage, JobPublic, TrialPublic
-from service.views import job_markdown, job_public, job_summary, trial_public
 
 
 class Source(Protocol):
@@ -33,6 +29,7 @@ class Source(Protocol):
     ) -> JobPage: ...
     def get_trial(self, job_id: int, number: int) -> TrialPublic: ...
     def markdown(self, job_id: int) -> str: ...
+    def curves(self, report: JobPublic) -> dict[int, list[float]]: ...
 
 
 def is_remote(server: str | None) -> bool:
@@ -53,8 +50,12 @@ def open_source(
         with make_client(url, token) as client, api_errors():
             yield RemoteSource(client)
         return
-    url = results_database(database_url)
-    with LocalSource.open(url) as source:
+    try:
+        from service.cli.db import results_database
+        from service.cli.localdb import LocalSource
+    except ModuleNotFoundError as exc:
+        needs_extra("the local results database (read without --server or BISECT_SERVER)", exc)
+    with LocalSource.open(results_database(database_url)) as source:
         yield source
 
 
@@ -77,41 +78,7 @@ class RemoteSource:
     def markdown(self, job_id: int) -> str:
         return self.client.request("GET", f"/jobs/{job_id}/report.md").text
 
-
-class LocalSource:
-    """The results database, read with the service's read models (no server, no tokens)."""
-
-    def __init__(self, session: Session, url: str) -> None:
-        self.session, self.url = session, url
-
-    @classmethod
-    @contextmanager
-    def open(cls, url: str) -> Iterator["LocalSource"]:
-        try:
-            with Session(get_engine(url)) as session:
-                yield cls(session, url)
-        except LeakbisectError as exc:  # no such job or trial: exit 2 with its message
-            fail_with(exc)
-        except (SQLAlchemyError, OSError) as exc:  # a driver error is one line for the user
-            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-            fail(f"--database-url: cannot read {shown(url)}: {first}")
-
-    def get_job(self, job_id: int) -> JobPublic:
-        return job_public(self.session, store.job(self.session, job_id))
-
-    def list_jobs(
-        self, *, status: str | None, package: str | None, limit: int, offset: int
-    ) -> JobPage:
-        jobs, total = store.jobs_page(
-            self.session, status=status, package=package, owner=None, limit=limit, offset=offset
-        )
-        items = [job_summary(job, None) for job in jobs]
-        return JobPage(items=items, total=total, limit=limit, offset=offset)
-
-    def get_trial(self, job_id: int, number: int) -> TrialPublic:
-        job = store.job(self.session, job_id)
-        assert job.id is not None
-        return trial_public(self.session, store.trial_by_number(self.session, job.id, number))
-
-    def markdown(self, job_id: int) -> str:
-        return job_markdown(self.session, store.job(self.session, job_id))
+    def curves(self, report: JobPublic) -> dict[int, list[float]]:
+        """No curves for the text report: a server's are a request per run away, and the
+        page draws them better."""
+        return {}

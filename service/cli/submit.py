@@ -14,11 +14,10 @@ import typer
 from rich.console import Console
 
 from runners.client import ApiClient, ApiError, ApiUnreachable
-from service.cli.display import JobProgress
+from service.cli.display import JobProgress, print_report
 from service.cli.errors import BAD_INPUT, INTERNAL, fail
 from service.cli.options import Json, job_request, with_job_options
 from service.cli.remote import DEFAULT_SERVER, ArgvToken, Server, Token, api_errors, make_client
-from service.cli.run import print_report
 from service.schemas import JobCreated, JobPublic
 
 POLL_S = 1.0

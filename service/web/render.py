@@ -20,7 +20,7 @@ from jinja2 import (
 )
 
 from engine import findings
-from service.report import transition_line
+from service.schemas import transition_line
 from service.text import printable
 from service.web import auth
 

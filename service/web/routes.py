@@ -32,8 +32,7 @@ from service.http.errors import http_status
 from service.markdown import headline, markdown_report
 from service.models import JobStatus
 from service.options import MAX_REPEATS
-from service.report import contradiction_note, reuse_note
-from service.schemas import AgainRequest
+from service.schemas import AgainRequest, contradiction_note, reuse_note
 from service.settings import Settings
 from service.views import job_markdown, job_public, progress_of, readable_job
 from service.web import auth, views

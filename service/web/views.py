@@ -17,8 +17,7 @@ from contract.envargs import freeze_diff
 from contract.series import downsample
 from service import kinds
 from service.models import Candidate, Job, MemorySample, Trial, TrialStatus
-from service.report import contradiction_note
-from service.schemas import CandidateRow, JobPublic
+from service.schemas import CandidateRow, JobPublic, contradiction_note
 from service.text import printable
 
 MIB = 1024 * 1024
