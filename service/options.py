@@ -55,6 +55,15 @@ SCRIPT_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,99}\.py")
 
 RUN_AND_SUBMIT = ("run", "submit")
 
+# The panels `--help` groups options in (service/cli/help.py): every option with a flag
+# names one here; the CLI's own options (service/cli/) name theirs beside them.
+WHAT = "What to bisect"
+ENVIRONMENT = "Environment"
+RUNS = "Runs and verdicts"
+STAGES = "Stages"
+OUTPUT = "Output"
+EXECUTOR = "Executor"
+
 
 def option(
     default: Any = ...,
@@ -63,6 +72,7 @@ def option(
     help: str,
     commands: tuple[str, ...] = RUN_AND_SUBMIT,
     metavar: str | None = None,
+    panel: str | None = None,
     file: str | None = None,
     verdict: bool = True,
     **field: Any,
@@ -71,13 +81,21 @@ def option(
 
     ``flag`` is "--name", "--name/-n" for a short form, or "--on/--off" for a bool whose
     default is on. ``help`` is the one text shown by --help, the README and OpenAPI.
+    ``panel``: which --help panel lists the flag (one of the titles above; required with
+    a flag).
     ``file``: the flag names a file the CLI reads; the option holds its text and the field
     ``file`` its name (`file_options`).
     ``verdict=False``: the option cannot change a release's verdict. Every other option
     is in the verdict-reuse key (service/reuse.py), so a new one is keyed unless it says
     otherwise: forgetting costs reuse, never a wrong verdict.
     """
-    cli = {"flag": flag, "commands": list(commands), "metavar": metavar} if flag else None
+    if flag and panel is None:
+        raise TypeError(f"option {flag}: name its --help panel")
+    cli = (
+        {"flag": flag, "commands": list(commands), "metavar": metavar, "panel": panel}
+        if flag
+        else None
+    )
     if cli and file:
         cli["file"] = file
     extra: dict[str, Any] | None = {"x-cli": cli} if cli else None
@@ -90,7 +108,7 @@ def option(
 
 
 def cli_of(info: FieldInfo) -> dict[str, Any] | None:
-    """The ``x-cli`` entry of a field: {"flag", "commands", "metavar"}, or None."""
+    """The ``x-cli`` entry of a field: {"flag", "commands", "metavar", "panel"}, or None."""
     extra = info.json_schema_extra
     return extra.get("x-cli") if isinstance(extra, dict) else None  # type: ignore[return-value]
 
@@ -113,6 +131,7 @@ class JobOptions(SQLModel):
     from_env: str | None = option(
         None,
         flag="--from",
+        panel=WHAT,
         help="Which dependency: the environment that did not leak (freeze output, "
         "requirements of == pins, uv.lock or pylock.toml), instead of --package/--range; "
         "the smallest set of its changes towards --to that leaks is found, then each "
@@ -127,6 +146,7 @@ class JobOptions(SQLModel):
     to_env: str | None = option(
         None,
         flag="--to",
+        panel=WHAT,
         help="The environment that leaks (same formats as --from).",
         metavar="BAD_ENV",
         file="to_env_name",
@@ -136,6 +156,7 @@ class JobOptions(SQLModel):
     package: str = option(
         "",
         flag="--package/-p",
+        panel=WHAT,
         help="Package to bisect (required, unless --from/--to find it).",
         metavar="NAME",
         max_length=200,
@@ -149,12 +170,14 @@ class JobOptions(SQLModel):
     python: str | None = option(
         None,
         flag="--python",
+        panel=ENVIRONMENT,
         help="Python version for the environments, e.g. 3.12.",
         metavar="VER",
     )  # fmt: skip
     requirements: list[str] = option(
         default_factory=list,
         flag="--with",
+        panel=ENVIRONMENT,
         help="Another requirement of the repro, e.g. 'numpy<2'; repeatable (-r FILE: a file).",
         metavar="REQ",
         sa_type=JSON,
@@ -162,6 +185,7 @@ class JobOptions(SQLModel):
     index_url: str | None = option(
         None,
         flag="--index-url",
+        panel=ENVIRONMENT,
         help="Simple index to list and install from (default PyPI).",
         metavar="URL",
         max_length=MAX_TEXT,
@@ -169,6 +193,7 @@ class JobOptions(SQLModel):
     extra_index_urls: list[str] = option(
         default_factory=list,
         flag="--extra-index-url",
+        panel=ENVIRONMENT,
         help="Another index; repeatable.",
         metavar="URL",
         sa_type=JSON,
@@ -176,26 +201,30 @@ class JobOptions(SQLModel):
     find_links: list[str] = option(
         default_factory=list,
         flag="--find-links",
+        panel=ENVIRONMENT,
         help="Directory of wheels/sdists; repeatable.",
         metavar="DIR",
         sa_type=JSON,
     )
-    pre: bool = option(False, flag="--pre", help="Include pre-releases in the range.")
+    pre: bool = option(False, flag="--pre", panel=WHAT, help="Include pre-releases in the range.")
     skip_yanked: bool = option(
         False,
         flag="--skip-yanked",
+        panel=WHAT,
         help="Drop yanked releases.",
         verdict=False,  # which releases are candidates, not how one is judged
     )
     as_released: bool = option(
         False,
         flag="--as-released",
+        panel=ENVIRONMENT,
         help="Resolve each candidate as on its upload day (uv --exclude-newer) instead of "
         "holding other packages at the good bound's versions.",
     )
     resolve_at: str | None = option(
         None,
         flag="--resolve-at",
+        panel=ENVIRONMENT,
         help="Resolve the other packages as of DATE (YYYY-MM-DD or an ISO time) or 'latest' "
         "(today's index); default: as of the bad bound's upload time, so none is newer than "
         "the range.",
@@ -211,6 +240,7 @@ class JobOptions(SQLModel):
     base_env: str | None = option(
         None,
         flag="--base-env",
+        panel=ENVIRONMENT,
         help="Your own environment (a `uv pip freeze`/`pip freeze` output, a requirements "
         "file of == pins, a uv.lock or a pylock.toml): every candidate gets exactly those "
         "versions, with only the bisected package swapped (and what it forces noted).",
@@ -221,12 +251,14 @@ class JobOptions(SQLModel):
     find_fix: bool = option(
         False,
         flag="--find-fix",
+        panel=WHAT,
         help="Find the first release that no longer leaks.",
         verdict=False,  # the search's direction; each release is judged the same
     )
     all_transitions: bool = option(
         False,
         flag="--all-transitions",
+        panel=WHAT,
         help="Map every leak/no-leak transition in the range, not just the first: every "
         "testable release runs once, then both sides of each transition once more (n runs "
         "plus at most 2 per transition). Without it one extra run above the first bad "
@@ -238,6 +270,7 @@ class JobOptions(SQLModel):
     repeats: int = option(
         1,
         flag="--repeats",
+        panel=RUNS,
         help="Runs per candidate.",
         metavar="N",
         ge=1,
@@ -247,6 +280,7 @@ class JobOptions(SQLModel):
     max_runs: int = option(
         3,
         flag="--max-runs",
+        panel=RUNS,
         help="Runs per candidate while inconclusive.",
         verdict=False,  # only decisive, agreeing verdicts are reused (reuse rule 3)
         metavar="N",
@@ -256,6 +290,7 @@ class JobOptions(SQLModel):
     timeout_s: float = option(
         600.0,
         flag="--timeout",
+        panel=RUNS,
         help="Seconds one run may take before it is killed.",
         metavar="S",
         gt=0,
@@ -264,6 +299,7 @@ class JobOptions(SQLModel):
     memory_limit: int | None = option(
         None,
         flag="--memory-limit",
+        panel=RUNS,
         help=f"Hard cap per run: {SIZE_HELP}, at least 16MiB (default 80% of the runner's RAM).",
         metavar="SIZE",
         sa_type=BigInteger,
@@ -271,17 +307,23 @@ class JobOptions(SQLModel):
     sample_hz: float = option(
         10.0,
         flag="--sample-hz",
+        panel=RUNS,
         help="Memory samples per second (50 per second for the first 30 s of a run).",
         metavar="HZ",
         gt=0,
         le=100,
     )
     requires_gpu: bool = option(
-        False, flag="--requires-gpu", help="Run only on runners with a GPU.", commands=("submit",)
+        False,
+        flag="--requires-gpu",
+        panel=RUNS,
+        help="Run only on runners with a GPU.",
+        commands=("submit",),
     )
     min_growth_mib: float | None = option(
         None,
         flag="--min-growth",
+        panel=RUNS,
         help="MiB the memory floor must grow over a run to count as a leak (default 8).",
         metavar="MIB",
         gt=0,
@@ -290,6 +332,7 @@ class JobOptions(SQLModel):
     min_growth_fraction: float | None = option(
         None,
         flag="--min-growth-fraction",
+        panel=RUNS,
         help="Growth as a fraction of the baseline floor that must also be exceeded "
         "(default 0.05).",
         metavar="F",
@@ -299,6 +342,7 @@ class JobOptions(SQLModel):
     reuse_verdicts: bool = option(
         True,
         flag="--reuse/--no-reuse",
+        panel=RUNS,
         help="Reuse verdicts of your own earlier jobs judged under the same conditions "
         "(script, package, version, environment, --env variables, classifier, hardware "
         "class) when they are as strong as a fresh run; the boundary pair always runs again.",
@@ -307,6 +351,7 @@ class JobOptions(SQLModel):
     early_stop: bool = option(
         True,
         flag="--early-stop/--no-early-stop",
+        panel=RUNS,
         help="End a run as soon as it is sure to leak: only for repros that print step "
         f"markers, after the first marker, once a full run of the job took {MIN_HORIZON_S:.0f} "
         "s or more (or when it nears the memory cap); clean runs always run to the end.",
@@ -315,6 +360,7 @@ class JobOptions(SQLModel):
     attribute: bool = option(
         True,
         flag="--attribute/--no-attribute",
+        panel=STAGES,
         help="When the boundary is found, run its two releases once more under an allocation "
         "tracer (memray, native and Python stacks; tracemalloc when memray cannot install or "
         "names nothing), each run stopped once it has enough steps or its budget, and report "
@@ -324,6 +370,7 @@ class JobOptions(SQLModel):
     commits: bool = option(
         False,
         flag="--commits",
+        panel=STAGES,
         help="Then bisect the commits between the boundary's two release tags, each built "
         "from source with uv (the repository comes from the release's project URLs, or "
         "--repo).",
@@ -332,6 +379,7 @@ class JobOptions(SQLModel):
     repo: str | None = option(
         None,
         flag="--repo",
+        panel=STAGES,
         help="The package's git repository for --commits: an http(s) URL, or (bisect-cli run "
         "only) a local clone's path.",
         metavar="URL|PATH",
@@ -341,6 +389,7 @@ class JobOptions(SQLModel):
     variables: dict[str, str] = option(
         default_factory=dict,
         flag="--env",
+        panel=ENVIRONMENT,
         help="An environment variable for the script, KEY=VALUE; repeatable "
         "(never BISECT_*; the runner adds only PATH, HOME, locale and CA settings).",
         metavar="KEY=VALUE",

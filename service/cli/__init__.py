@@ -58,11 +58,13 @@ class _Listed(TyperCommand):
 
 def load_command(name: str) -> TyperCommand | TyperGroup:
     """The command `name`, built from its module (imported here)."""
+    from service.cli.help import HelpCommand
+
     module, attribute, _ = COMMANDS[name]
     target = getattr(importlib.import_module(module), attribute)
     if not isinstance(target, typer.Typer):
         single = typer.Typer(add_completion=False)
-        single.command(name=name)(target)
+        single.command(name=name, cls=HelpCommand)(target)  # --help in panels (help.py)
         target = single
     command = typer.main.get_command(target)
     assert isinstance(command, TyperCommand | TyperGroup)

@@ -19,6 +19,7 @@ from service.cli.errors import BAD_INPUT, INTERNAL, fail
 from service.cli.options import Json, job_request, with_job_options
 from service.cli.remote import DEFAULT_SERVER, ArgvToken, Server, Token, api_errors, make_client
 from service.cli.run import print_report
+from service.options import OUTPUT
 from service.schemas import JobCreated, JobPublic
 
 POLL_S = 1.0
@@ -54,6 +55,7 @@ Wait = Annotated[
     bool,
     typer.Option(
         "--wait",
+        rich_help_panel=OUTPUT,
         help="Follow the job until it finishes; then print the report and exit as "
         "`bisect-cli run` does.",
     ),
