@@ -29,7 +29,7 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
     "runner": ("service.cli.runner", "runner", "Run trials for a leakbisect server until stopped."),
     "submit": (
         "service.cli.submit", "submit",
-        "Submit a bisection to a leakbisect server and print the job's URL.",
+        "Submit a bisection to a leakbisect server and print the job's page URL.",
     ),
     "status": (
         "service.cli.jobs", "status",
