@@ -98,3 +98,16 @@ def test_flags_take_no_value_and_the_help_column_starts_after_24() -> None:
     # A typed value too long for the column wraps before the value, not into the help.
     executor = lines.index(row("--executor"))
     assert lines[executor + 1].startswith("│ local|docker|slurm ")
+
+
+def test_the_root_help_lists_every_command_without_a_bool() -> None:
+    from service.cli import COMMANDS
+
+    env = {**os.environ, "COLUMNS": "80", "NO_COLOR": "1"}
+    proc = subprocess.run([*CLI, "--help"], capture_output=True, text=True, env=env, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert [line for line in proc.stdout.splitlines() if len(line) > 80] == []
+    assert "<bool>" not in proc.stdout
+    assert list(panel_blocks(proc.stdout)) == ["Options", "Commands"]
+    rows = panel_blocks(proc.stdout)["Commands"].splitlines()
+    assert [row.split()[1] for row in rows if row[2] != " "] == list(COMMANDS)

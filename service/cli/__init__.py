@@ -89,9 +89,13 @@ class LazyGroup(TyperGroup):
         return command
 
     def format_help(self, ctx: Any, formatter: Any) -> None:
+        from rich.console import Console
+
+        from service.cli.help import print_help
+
         self._listing = True  # the help only lists the commands: none is imported for it
         try:
-            super().format_help(ctx, formatter)
+            print_help(self, ctx, Console(highlight=False))  # as each command's (help.py)
         finally:
             self._listing = False
 

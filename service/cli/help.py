@@ -9,7 +9,8 @@ characters, a word per line, and showed a type (`<bool>`) for flags, which take 
 2. the arguments in "Arguments", then one panel per `rich_help_panel` in the order the
    options first name it (the job options declare theirs once, in service/options.py; the
    options that name none are "Options");
-3. in a panel, two columns: the option as it is typed (`option_text`: `--name, -n VALUE`,
+3. a group's commands last, each with its one line ("Commands");
+4. in a panel, two columns: the option as it is typed (`option_text`: `--name, -n VALUE`,
    a flag alone, an on/off pair as `--[no-]name`), at most OPTION_COLUMN wide (a longer
    one wraps before its value), and its help with its default, range and environment
    variable after it in one bracket (`details`).
@@ -110,6 +111,17 @@ def _panel(title: str, params: list[Any], ctx: Any, width: int) -> Panel:
     return Panel(grid, title=title, title_align="left", border_style="dim")
 
 
+def _commands(group: Any, ctx: Any) -> Panel:
+    grid = Table.grid(padding=(0, 1))
+    grid.add_column(style="bold cyan", no_wrap=True)
+    grid.add_column(ratio=1, overflow="fold")
+    for name in group.list_commands(ctx):
+        command = group.get_command(ctx, name)
+        if command is not None and not command.hidden:
+            grid.add_row(name, command.get_short_help_str(limit=300))
+    return Panel(grid, title="Commands", title_align="left", border_style="dim")
+
+
 def print_help(command: Any, ctx: Any, console: Console) -> None:
     """The whole help of `command` (the module docstring's order)."""
     console.print(Padding(Text(command.get_usage(ctx)), (1, 1)), style="bold")
@@ -121,12 +133,14 @@ def print_help(command: Any, ctx: Any, console: Console) -> None:
     width = min(longest, OPTION_COLUMN)
     for title, params in grouped.items():
         console.print(_panel(title, params, ctx, width))
+    if hasattr(command, "list_commands"):  # a group: its commands and their one line
+        console.print(_commands(command, ctx))
     if command.epilog:
         console.print(Padding(Text(" ".join(command.epilog.split())), (1, 1)))
 
 
 class HelpCommand(TyperCommand):
-    """A Typer command whose --help is `print_help`'s."""
+    """A Typer command whose --help is `print_help`'s (the root group calls it too)."""
 
     def format_help(self, ctx: Any, formatter: Any) -> None:
         print_help(self, ctx, Console(highlight=False))
