@@ -5,7 +5,8 @@ reason out; no I/O, no clock. An `EarlyStopper` holds one trial's looks: the wat
 (runners/watch.py, for both executors) calls its `look` every `look_every_s` over
 the samples and the markers they reach (`seen_by_samples`), and `replay` takes the same
 looks over a finished trace (tests, the bench), so the same arithmetic runs live and in
-replay. Its `record` (horizon and looks tested) is what the runner reports.
+replay. Its `record` (horizon and looks tested) is what the runner reports; `live_state` says
+in words which rules can act on a running trial (a display's, never a decision).
 
 What a look judges is the judged part of contract/floors.py, the classifier's own: never
 what comes before the first step marker. When the job's runs print markers (the horizon
@@ -236,6 +237,22 @@ class EarlyStopper:
         return EarlyStopRecord(
             horizon_s=self.es.horizon_s, horizon_steps=self.es.horizon_steps, looks=self.looks
         )
+
+
+def live_state(es: EarlyStop | None, steps: int, min_horizon_s: float = MIN_HORIZON_S) -> str:
+    """What the rules allow a running trial now, in words, for `bisect-cli run`'s status line.
+
+    "off": the job turned early stopping off. "cap only": rule 2, no leak look (the job has no
+    full run of `min_horizon_s` or more with step markers yet); rule 1 still stops a trial
+    near its memory cap. "from step N": rule 3, no leak look before N steps (`steps`: those
+    the markers so far span). "looking": rules 4 to 6 decide at each look.
+    """
+    if es is None:
+        return "off"
+    if es.horizon_s is None or es.horizon_s < min_horizon_s or not es.horizon_steps:
+        return "cap only"
+    start = math.ceil(es.min_fraction * es.horizon_steps)
+    return "looking" if steps >= start else f"from step {start}"
 
 
 def seen_by_samples(

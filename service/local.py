@@ -27,7 +27,7 @@ from service.trials import record_report
 class TrialEvents(Protocol):
     """What a local run tells its display as it goes."""
 
-    def trial_started(self, candidate: Candidate, trial: Trial) -> None: ...
+    def trial_started(self, candidate: Candidate, trial: Trial, spec: TrialSpec) -> None: ...
     def sample(self, sample: Sample) -> None: ...
     def trial_finished(self, candidate: Candidate, trial: Trial, verdict: Verdict) -> None: ...
     def message(self, text: str) -> None: ...
@@ -39,7 +39,7 @@ class Quiet:
 
     visited: list[str] = field(default_factory=list)
 
-    def trial_started(self, candidate: Candidate, trial: Trial) -> None:
+    def trial_started(self, candidate: Candidate, trial: Trial, spec: TrialSpec) -> None:
         self.visited.append(candidate.version)
 
     def sample(self, sample: Sample) -> None:
@@ -101,12 +101,12 @@ def _fill(
     while trials.free() and (trial := queue.claim_local(session, job)) is not None:
         candidate = session.get(Candidate, trial.candidate_id)
         assert candidate is not None
+        spec = trial_spec(job, candidate, trial, store.trials_of(session, job))
         # A run is a trial of the display's own; any other kind says what it does.
         if (line := kinds.handler(trial.kind).started(job, candidate, trial)) is None:
-            progress.trial_started(candidate, trial)
+            progress.trial_started(candidate, trial, spec)  # its early stop: the status line's
         else:
             progress.message(line)
-        spec = trial_spec(job, candidate, trial, store.trials_of(session, job))
         trials.start(candidate, trial, _capped(spec, trials.slots, budget))
 
 

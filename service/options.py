@@ -59,6 +59,15 @@ SCRIPT_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,99}\.py")
 
 RUN_AND_SUBMIT = ("run", "submit")
 
+# The panels `--help` groups options in (service/cli/help.py): every option with a flag
+# names one here; the CLI's own options (service/cli/) name theirs beside them.
+WHAT = "What to bisect"
+ENVIRONMENT = "Environment"
+RUNS = "Runs and verdicts"
+STAGES = "Stages"
+OUTPUT = "Output"
+EXECUTOR = "Executor"
+
 
 @dataclass(frozen=True)
 class Stored:
@@ -82,6 +91,7 @@ def option(
     help: str,
     commands: tuple[str, ...] = RUN_AND_SUBMIT,
     metavar: str | None = None,
+    panel: str | None = None,
     file: str | None = None,
     verdict: bool = True,
     column: Literal["text", "json", "bigint"] | None = None,
@@ -92,6 +102,8 @@ def option(
 
     ``flag`` is "--name", "--name/-n" for a short form, or "--on/--off" for a bool whose
     default is on. ``help`` is the one text shown by --help, the README and OpenAPI.
+    ``panel``: which --help panel lists the flag (one of the titles above; required with
+    a flag).
     ``file``: the flag names a file the CLI reads; the option holds its text and the field
     ``file`` its name (`file_options`).
     ``verdict=False``: the option cannot change a release's verdict. Every other option
@@ -99,7 +111,13 @@ def option(
     otherwise: forgetting costs reuse, never a wrong verdict.
     ``column``, ``index``: how the `job` table stores it, where its type does not say (`Stored`).
     """
-    cli = {"flag": flag, "commands": list(commands), "metavar": metavar} if flag else None
+    if flag and panel is None:
+        raise TypeError(f"option {flag}: name its --help panel")
+    cli = (
+        {"flag": flag, "commands": list(commands), "metavar": metavar, "panel": panel}
+        if flag
+        else None
+    )
     if cli and file:
         cli["file"] = file
     extra: dict[str, Any] | None = {"x-cli": cli} if cli else None
@@ -112,7 +130,7 @@ def option(
 
 
 def cli_of(info: FieldInfo) -> dict[str, Any] | None:
-    """The ``x-cli`` entry of a field: {"flag", "commands", "metavar"}, or None."""
+    """The ``x-cli`` entry of a field: {"flag", "commands", "metavar", "panel"}, or None."""
     extra = info.json_schema_extra
     return extra.get("x-cli") if isinstance(extra, dict) else None  # type: ignore[return-value]
 
@@ -135,6 +153,7 @@ class JobOptions(BaseModel):
     from_env: str | None = option(
         None,
         flag="--from",
+        panel=WHAT,
         help="Which dependency: the environment that did not leak (freeze output, "
         "requirements of == pins, uv.lock or pylock.toml), instead of --package/--range; "
         "the smallest set of its changes towards --to that leaks is found, then each "
@@ -149,6 +168,7 @@ class JobOptions(BaseModel):
     to_env: str | None = option(
         None,
         flag="--to",
+        panel=WHAT,
         help="The environment that leaks (same formats as --from).",
         metavar="BAD_ENV",
         file="to_env_name",
@@ -158,6 +178,7 @@ class JobOptions(BaseModel):
     package: str = option(
         "",
         flag="--package/-p",
+        panel=WHAT,
         help="Package to bisect (required, unless --from/--to find it).",
         metavar="NAME",
         max_length=200,
@@ -171,12 +192,14 @@ class JobOptions(BaseModel):
     python: str | None = option(
         None,
         flag="--python",
+        panel=ENVIRONMENT,
         help="Python version for the environments, e.g. 3.12.",
         metavar="VER",
     )  # fmt: skip
     requirements: list[str] = option(
         default_factory=list,
         flag="--with",
+        panel=ENVIRONMENT,
         help="Another requirement of the repro, e.g. 'numpy<2'; repeatable (-r FILE: a file).",
         metavar="REQ",
         column="json",
@@ -184,6 +207,7 @@ class JobOptions(BaseModel):
     index_url: str | None = option(
         None,
         flag="--index-url",
+        panel=ENVIRONMENT,
         help="Simple index to list and install from (default PyPI).",
         metavar="URL",
         max_length=MAX_TEXT,
@@ -191,6 +215,7 @@ class JobOptions(BaseModel):
     extra_index_urls: list[str] = option(
         default_factory=list,
         flag="--extra-index-url",
+        panel=ENVIRONMENT,
         help="Another index; repeatable.",
         metavar="URL",
         column="json",
@@ -198,26 +223,30 @@ class JobOptions(BaseModel):
     find_links: list[str] = option(
         default_factory=list,
         flag="--find-links",
+        panel=ENVIRONMENT,
         help="Directory of wheels/sdists; repeatable.",
         metavar="DIR",
         column="json",
     )
-    pre: bool = option(False, flag="--pre", help="Include pre-releases in the range.")
+    pre: bool = option(False, flag="--pre", panel=WHAT, help="Include pre-releases in the range.")
     skip_yanked: bool = option(
         False,
         flag="--skip-yanked",
+        panel=WHAT,
         help="Drop yanked releases.",
         verdict=False,  # which releases are candidates, not how one is judged
     )
     as_released: bool = option(
         False,
         flag="--as-released",
+        panel=ENVIRONMENT,
         help="Resolve each candidate as on its upload day (uv --exclude-newer) instead of "
         "holding other packages at the good bound's versions.",
     )
     resolve_at: str | None = option(
         None,
         flag="--resolve-at",
+        panel=ENVIRONMENT,
         help="Resolve the other packages as of DATE (YYYY-MM-DD or an ISO time) or 'latest' "
         "(today's index); default: as of the bad bound's upload time, so none is newer than "
         "the range.",
@@ -233,6 +262,7 @@ class JobOptions(BaseModel):
     base_env: str | None = option(
         None,
         flag="--base-env",
+        panel=ENVIRONMENT,
         help="Your own environment (a `uv pip freeze`/`pip freeze` output, a requirements "
         "file of == pins, a uv.lock or a pylock.toml): every candidate gets exactly those "
         "versions, with only the bisected package swapped (and what it forces noted).",
@@ -243,12 +273,14 @@ class JobOptions(BaseModel):
     find_fix: bool = option(
         False,
         flag="--find-fix",
+        panel=WHAT,
         help="Find the first release that no longer leaks.",
         verdict=False,  # the search's direction; each release is judged the same
     )
     all_transitions: bool = option(
         False,
         flag="--all-transitions",
+        panel=WHAT,
         help="Map every leak/no-leak transition in the range, not just the first: every "
         "testable release runs once, then both sides of each transition once more (n runs "
         "plus at most 2 per transition). Without it one extra run above the first bad "
@@ -260,6 +292,7 @@ class JobOptions(BaseModel):
     repeats: int = option(
         1,
         flag="--repeats",
+        panel=RUNS,
         help="Runs per candidate.",
         metavar="N",
         ge=1,
@@ -269,6 +302,7 @@ class JobOptions(BaseModel):
     max_runs: int = option(
         3,
         flag="--max-runs",
+        panel=RUNS,
         help="Runs per candidate while inconclusive.",
         verdict=False,  # only decisive, agreeing verdicts are reused (reuse rule 3)
         metavar="N",
@@ -278,6 +312,7 @@ class JobOptions(BaseModel):
     timeout_s: float = option(
         600.0,
         flag="--timeout",
+        panel=RUNS,
         help="Seconds one run may take before it is killed.",
         metavar="S",
         gt=0,
@@ -286,6 +321,7 @@ class JobOptions(BaseModel):
     memory_limit: int | None = option(
         None,
         flag="--memory-limit",
+        panel=RUNS,
         help=f"Hard cap per run: {SIZE_HELP}, at least 16MiB (default 80% of the runner's RAM).",
         metavar="SIZE",
         column="bigint",
@@ -293,17 +329,23 @@ class JobOptions(BaseModel):
     sample_hz: float = option(
         10.0,
         flag="--sample-hz",
+        panel=RUNS,
         help="Memory samples per second (50 per second for the first 30 s of a run).",
         metavar="HZ",
         gt=0,
         le=100,
     )
     requires_gpu: bool = option(
-        False, flag="--requires-gpu", help="Run only on runners with a GPU.", commands=("submit",)
+        False,
+        flag="--requires-gpu",
+        panel=RUNS,
+        help="Run only on runners with a GPU.",
+        commands=("submit",),
     )
     min_growth_mib: float | None = option(
         None,
         flag="--min-growth",
+        panel=RUNS,
         help="MiB the memory floor must grow over a run to count as a leak (default 8).",
         metavar="MIB",
         gt=0,
@@ -312,6 +354,7 @@ class JobOptions(BaseModel):
     min_growth_fraction: float | None = option(
         None,
         flag="--min-growth-fraction",
+        panel=RUNS,
         help="Growth as a fraction of the baseline floor that must also be exceeded "
         "(default 0.05).",
         metavar="F",
@@ -321,6 +364,7 @@ class JobOptions(BaseModel):
     reuse_verdicts: bool = option(
         True,
         flag="--reuse/--no-reuse",
+        panel=RUNS,
         help="Reuse verdicts of your own earlier jobs judged under the same conditions "
         "(script, package, version, environment, --env variables, classifier, hardware "
         "class) when they are as strong as a fresh run; the boundary pair always runs again.",
@@ -329,6 +373,7 @@ class JobOptions(BaseModel):
     early_stop: bool = option(
         True,
         flag="--early-stop/--no-early-stop",
+        panel=RUNS,
         help="End a run as soon as it is sure to leak: only for repros that print step "
         f"markers, after the first marker, once a full run of the job took {MIN_HORIZON_S:.0f} "
         "s or more (or when it nears the memory cap); clean runs always run to the end.",
@@ -337,6 +382,7 @@ class JobOptions(BaseModel):
     attribute: bool = option(
         True,
         flag="--attribute/--no-attribute",
+        panel=STAGES,
         help="When the boundary is found, run its two releases once more under an allocation "
         "tracer (memray, native and Python stacks; tracemalloc when memray cannot install or "
         "names nothing), each run stopped once it has enough steps or its budget, and report "
@@ -346,6 +392,7 @@ class JobOptions(BaseModel):
     commits: bool = option(
         False,
         flag="--commits",
+        panel=STAGES,
         help="Then bisect the commits between the boundary's two release tags, each built "
         "from source with uv (the repository comes from the release's project URLs, or "
         "--repo).",
@@ -354,6 +401,7 @@ class JobOptions(BaseModel):
     repo: str | None = option(
         None,
         flag="--repo",
+        panel=STAGES,
         help="The package's git repository for --commits: an http(s) URL, or (bisect-cli run "
         "only) a local clone's path.",
         metavar="URL|PATH",
@@ -363,6 +411,7 @@ class JobOptions(BaseModel):
     variables: dict[str, str] = option(
         default_factory=dict,
         flag="--env",
+        panel=ENVIRONMENT,
         help="An environment variable for the script, KEY=VALUE; repeatable "
         "(never BISECT_*; the runner adds only PATH, HOME, locale and CA settings).",
         metavar="KEY=VALUE",

@@ -423,6 +423,12 @@ def test_a_submit_whose_answer_is_lost_creates_one_job(
     assert proxy.dropped == 1
     assert [line.split()[:2] for line in proxy.seen] == [["POST", "/api/v1/jobs"]] * 2
     created = json.loads(result.stdout)
+    # --json has both: the API's URL for a client, the status page for a person.
+    base, job = proxy.url, created["id"]
+    assert (created["url"], created["page_url"]) == (
+        f"{base}/api/v1/jobs/{job}",
+        f"{base}/jobs/{job}",
+    )
     page = client.list_jobs()
     assert page["total"] == before + 1  # the retry found the first job
     assert page["items"][0]["id"] == created["id"]

@@ -329,9 +329,9 @@ def test_submit_prints_url_and_cancel_kills_the_trial(
         "--index-url", fixture_index, "--no-reuse",
     )  # fmt: skip
     assert submitted.exit_code == 0, submitted.stderr
-    url = submitted.stdout.strip()
-    assert url.startswith(f"{service.url}/api/v1/jobs/")
-    job = int(url.rsplit("/", 1)[1])
+    page = submitted.stdout.strip()  # the job's status page, for a person (issue 28)
+    job = int(page.rsplit("/", 1)[1])
+    assert page == f"{service.url}/jobs/{job}"
     with service.client() as client:
         trial = wait_until(lambda: leased_trial(client, job), 60, "a leased trial")
         wait_until(

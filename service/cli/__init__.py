@@ -31,7 +31,7 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
     "runner": ("service.cli.runner", "runner", "Run trials for a leakbisect server until stopped."),
     "submit": (
         "service.cli.submit", "submit",
-        "Submit a bisection to a leakbisect server and print the job's URL.",
+        "Submit a bisection to a leakbisect server and print the job's page URL.",
     ),
     "status": (
         "service.cli.jobs", "status",
@@ -64,6 +64,8 @@ class _Listed(TyperCommand):
 
 def load_command(name: str) -> TyperCommand | TyperGroup:
     """The command `name`, built from its module (imported here)."""
+    from service.cli.help import HelpCommand
+
     module, attribute, _ = COMMANDS[name]
     try:
         target = getattr(importlib.import_module(module), attribute)
@@ -73,7 +75,7 @@ def load_command(name: str) -> TyperCommand | TyperGroup:
         needs_extra(f"bisect-cli {name}", exc, EXTRA[name])
     if not isinstance(target, typer.Typer):
         single = typer.Typer(add_completion=False)
-        single.command(name=name)(target)
+        single.command(name=name, cls=HelpCommand)(target)  # --help in panels (help.py)
         target = single
     command = typer.main.get_command(target)
     assert isinstance(command, TyperCommand | TyperGroup)
@@ -98,9 +100,13 @@ class LazyGroup(TyperGroup):
         return command
 
     def format_help(self, ctx: Any, formatter: Any) -> None:
+        from rich.console import Console
+
+        from service.cli.help import print_help
+
         self._listing = True  # the help only lists the commands: none is imported for it
         try:
-            super().format_help(ctx, formatter)
+            print_help(self, ctx, Console(highlight=False))  # as each command's (help.py)
         finally:
             self._listing = False
 

@@ -1,12 +1,24 @@
 """The live progress display and the final report, drawn with Rich on the terminal.
 
+The running trial of `bisect-cli run` has a status line (`TrialWatch.line`): its candidate,
+the time since it started, the steps its markers span, its memory now and its floor (the
+lowest memory of each step, or of each second while no step marker was seen, the set-up
+before the first marker then dropped: the first complete one's -> the latest's), and what
+the early-stop rule can do now (contract/earlystop.py `live_state`). On a terminal it is
+redrawn in place (`LiveDisplay`); otherwise a plain line every PLAIN_EVERY_S at most
+(`LineProgress`). Samples come from the executor's thread; with `run --jobs N` they carry no
+trial, so the line then has no memory. Nothing here writes to stdout (`--json` owns it).
+
 The client's too (`submit`, `status`, `report`): it reads the API's models only, never the
 tables (`LiveDisplay` and `LineProgress`, `run`'s, are handed table rows but name their
-types for the type checker alone), so it needs no more than the default install.
+types for the type checker alone, and import the early-stop rules, numpy's, when a trial
+starts), so it needs no more than the default install.
 """
 
 import json
+import threading
 import time
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, NoReturn
 
 import typer
@@ -16,7 +28,7 @@ from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
-from contract.wire import Sample
+from contract.wire import EarlyStop, Sample, TrialSpec
 from engine import findings
 from engine.baseenv import FORCED_NOTE
 from engine.verdicts import Verdict
@@ -36,6 +48,8 @@ STYLE = {
     "error": ("E", "bold white on magenta"),
 }
 SPARK = "▁▂▃▄▅▆▇█"
+PLAIN_EVERY_S = 5.0  # at most one plain status line this often, however fast samples come
+MIB = 2**20
 
 
 def outside(text: str | None) -> str:
@@ -65,8 +79,75 @@ def sparkline(values: list[float], width: int = 48) -> str:
     return "".join(SPARK[min(7, int((v - low) / span * 7.999))] for v in points)
 
 
+def duration(seconds: float) -> str:
+    """12s, 5m07s, 2h03m."""
+    whole = int(seconds)
+    if whole < 60:
+        return f"{whole}s"
+    if whole < 3600:
+        return f"{whole // 60}m{whole % 60:02d}s"
+    return f"{whole // 3600}h{whole % 3600 // 60:02d}m"
+
+
+@dataclass
+class TrialWatch:
+    """One running trial as its status line shows it (the module docstring says what)."""
+
+    label: str  # the candidate's version
+    started: float  # time.monotonic() when it started
+    early_stop: EarlyStop | None
+    last: Sample | None = None
+    first_step: int | None = None
+    first_floor: int | None = None
+    floor: int | None = None
+    # The step being seen (("s", second) before any marker) and its lowest memory so far.
+    window: tuple[str, int] | None = field(default=None, repr=False)
+    window_low: int = field(default=0, repr=False)
+
+    @classmethod
+    def of(cls, candidate: "Candidate", trial: "Trial", spec: TrialSpec) -> "TrialWatch":
+        return cls(candidate.version, time.monotonic(), spec.early_stop)
+
+    def add(self, sample: Sample) -> None:
+        if sample.step is not None and self.first_step is None:
+            # The first marker: what came before it is set-up, never a floor.
+            self.first_step, self.first_floor, self.floor = sample.step, None, None
+            self.window = None
+        key = ("step", sample.step) if sample.step is not None else ("s", int(sample.t))
+        if key == self.window:
+            self.window_low = min(self.window_low, sample.rss)
+        else:
+            if self.window is not None:  # the step (second) before this one is complete
+                self.floor = self.window_low
+                if self.first_floor is None:
+                    self.first_floor = self.floor
+            self.window, self.window_low = key, sample.rss
+        self.last = sample
+
+    def steps(self) -> int:
+        if self.last is None or self.last.step is None or self.first_step is None:
+            return 0
+        return self.last.step - self.first_step + 1
+
+    def line(self, now: float) -> str:
+        """1.0.6  elapsed 12s  37 steps  52 MiB, floor 48→50  early stop: cap only"""
+        parts = [self.label, f"elapsed {duration(now - self.started)}"]
+        if self.last is not None:
+            parts.append(f"{self.steps()} steps")
+            memory = f"{self.last.rss / MIB:.0f} MiB"
+            if self.floor is not None and self.first_floor is not None:
+                memory += f", floor {self.first_floor / MIB:.0f}→{self.floor / MIB:.0f}"
+            parts.append(memory)
+        # numpy, imported by the rules module: `run` has it, the client never draws this line.
+        from contract.earlystop import live_state
+
+        parts.append(f"early stop: {live_state(self.early_stop, self.steps())}")
+        return "  ".join(parts)
+
+
 class LiveDisplay:
-    """Candidates as a row of cells that fill in as verdicts arrive."""
+    """Candidates as a row of cells that fill in as verdicts arrive, and a status line per
+    running trial, redrawn four times a second."""
 
     def __init__(self, console: Console, candidates: list["Candidate"], package: str) -> None:
         self.console = console
@@ -75,10 +156,12 @@ class LiveDisplay:
         self.order = [c.id for c in candidates]
         self.started = time.monotonic()
         self.trials = 0
-        # trial id -> (what it runs, its candidate): several with `run --jobs N`.
-        self.running: dict[int | None, tuple[str, int | None]] = {}
-        self.memory: Sample | None = None
-        self.live = Live(self._render(), console=console, refresh_per_second=4, transient=True)
+        # trial id -> (its watch, its candidate): several with `run --jobs N`.
+        self.running: dict[int | None, tuple[TrialWatch, int | None]] = {}
+        self.lock = threading.Lock()  # samples arrive on the executor's thread
+        self.live = Live(
+            console=console, refresh_per_second=4, transient=True, get_renderable=self._render
+        )
 
     def __enter__(self) -> "LiveDisplay":
         self.live.__enter__()
@@ -88,45 +171,42 @@ class LiveDisplay:
         self.live.__exit__(*exc)  # type: ignore[arg-type]
 
     def _render(self) -> Group:
+        now = time.monotonic()
+        with self.lock:
+            running = list(self.running.values())
+            lines = [
+                Text(f"▶ {w.line(now)}", no_wrap=True, overflow="ellipsis") for w, _ in running
+            ]
         row = Text()
         for cid in self.order:
             _, verdict, testable = self.cells[cid]
-            busy = any(cid == candidate for _, candidate in self.running.values())
+            busy = any(cid == candidate for _, candidate in running)
             row.append_text(cell(verdict, testable, busy))
         first, last = self.cells[self.order[0]][0], self.cells[self.order[-1]][0]
-        elapsed = time.monotonic() - self.started
         status = (
-            f"{self.package} {first} … {last}   trials: {self.trials}   elapsed: {elapsed:5.0f}s"
+            f"{self.package} {first} … {last}   trials: {self.trials}   "
+            f"elapsed: {duration(now - self.started)}"
         )
-        lines = [Text(status), row]
-        if self.running:
-            memory = ""
-            # Samples carry no trial: the memory line is shown while one trial runs.
-            if self.memory is not None and len(self.running) == 1:
-                memory = f"   rss {self.memory.rss / 2**20:8.1f} MiB"
-                if self.memory.gpu is not None:
-                    memory += f"   gpu {self.memory.gpu / 2**20:8.1f} MiB"
-                memory += f"   t={self.memory.t:5.1f}s"
-            what = ", ".join(label for label, _ in self.running.values())
-            lines.append(Text(f"running {what}{memory}"))
-        return Group(*lines)
+        return Group(Text(status), row, *lines)
 
     def refresh(self) -> None:
-        self.live.update(self._render())
+        self.live.refresh()
 
-    def trial_started(self, candidate: "Candidate", trial: "Trial") -> None:
-        label = f"{candidate.version} (evaluation {trial.evaluation}, trial {trial.number})"
-        self.running[trial.id] = (label, candidate.id)
-        self.memory = None
+    def trial_started(self, candidate: "Candidate", trial: "Trial", spec: TrialSpec) -> None:
+        with self.lock:
+            self.running[trial.id] = (TrialWatch.of(candidate, trial, spec), candidate.id)
         self.refresh()
 
     def sample(self, sample: Sample) -> None:
-        self.memory = sample
+        with self.lock:  # samples carry no trial: only `run` with one trial at a time sends them
+            if len(self.running) == 1:
+                next(iter(self.running.values()))[0].add(sample)
 
     def trial_finished(self, candidate: "Candidate", trial: "Trial", verdict: Verdict) -> None:
         self.trials += 1
         self.cells[candidate.id][1] = candidate.verdict or verdict.value
-        self.running.pop(trial.id, None)
+        with self.lock:
+            self.running.pop(trial.id, None)
         reason = outside((trial.analysis or {}).get("reason", ""))
         self.console.print(
             f"  {candidate.version:<14} trial {trial.number}: {verdict.value:<12} {reason}"
@@ -138,18 +218,31 @@ class LiveDisplay:
 
 
 class LineProgress:
-    """Plain lines for a stderr that is not a terminal (CI logs)."""
+    """Plain lines for a stderr that is not a terminal (CI logs): the running trial's status
+    line at most every PLAIN_EVERY_S, as its samples come."""
 
     def __init__(self, console: Console) -> None:
         self.console = console
+        self.watch: TrialWatch | None = None
+        self.printed = 0.0
 
-    def trial_started(self, candidate: "Candidate", trial: "Trial") -> None:
+    def trial_started(self, candidate: "Candidate", trial: "Trial", spec: TrialSpec) -> None:
         self.console.print(f"running {candidate.version} (trial {trial.number})")
+        self.watch = TrialWatch.of(candidate, trial, spec)
+        self.printed = self.watch.started
 
     def sample(self, sample: Sample) -> None:
-        pass
+        watch = self.watch  # the executor's thread: the trial may end meanwhile
+        if watch is None:  # a traced run: no status line of its own
+            return
+        watch.add(sample)
+        now = time.monotonic()
+        if now - self.printed >= PLAIN_EVERY_S:
+            self.printed = now
+            self.console.print(f"  {watch.line(now)}", soft_wrap=True)
 
     def trial_finished(self, candidate: "Candidate", trial: "Trial", verdict: Verdict) -> None:
+        self.watch = None
         reason = outside((trial.analysis or {}).get("reason", ""))
         self.console.print(f"  {candidate.version}: {verdict.value} {reason}")
 

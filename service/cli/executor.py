@@ -31,6 +31,7 @@ from runners.nvml import GpuProbe
 from runners.slurm.batch import DEFAULT_BUILD_MINUTES, SlurmOptions
 from runners.trial import LocalExecutor
 from service.cli.errors import exit_status, fail
+from service.options import EXECUTOR
 from service.settings import Settings
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -64,6 +65,7 @@ _PARAMS: dict[str, tuple[Any, Any]] = {
     "executor": (
         Annotated[ExecutorKind, typer.Option(
             "--executor", envvar="BISECT_EXECUTOR", case_sensitive=False,
+            rich_help_panel=EXECUTOR,
             help="Where trials run: local (sandboxed child processes), docker (one "
             "container per phase of each trial, from --image; needs a Docker engine) or "
             "slurm (one Slurm job per trial; needs --slurm-dir).",
@@ -73,6 +75,7 @@ _PARAMS: dict[str, tuple[Any, Any]] = {
     "image": (
         Annotated[str, typer.Option(
             "--image", envvar=IMAGE_ENV,
+            metavar="IMAGE", rich_help_panel=EXECUTOR,
             help="Runner image of --executor docker (dockerfiles/runner.Dockerfile).",
         )],
         DEFAULT_IMAGE,
@@ -80,6 +83,7 @@ _PARAMS: dict[str, tuple[Any, Any]] = {
     "cache_volume": (
         Annotated[str, typer.Option(
             "--cache-volume", envvar="BISECT_CACHE_VOLUME",
+            metavar="VOLUME", rich_help_panel=EXECUTOR,
             help="Docker volume of the shared uv cache (and of the environments unless "
             "--env-volume).",
         )],
@@ -88,6 +92,7 @@ _PARAMS: dict[str, tuple[Any, Any]] = {
     "env_volume": (
         Annotated[str | None, typer.Option(
             "--env-volume", envvar="BISECT_ENV_VOLUME", show_default=False,
+            metavar="VOLUME", rich_help_panel=EXECUTOR,
             help="Docker volume for the environments, apart from the uv cache (uv then "
             "copies instead of hard-linking).",
         )],
@@ -96,6 +101,7 @@ _PARAMS: dict[str, tuple[Any, Any]] = {
     "cgroup_root": (
         Annotated[Path, typer.Option(
             "--cgroup-root", envvar="BISECT_CGROUP_ROOT",
+            metavar="DIR", rich_help_panel=EXECUTOR,
             help="The host's cgroup tree as this process sees it (mount it there when the "
             "runner itself runs in a container); trial containers are sampled from it.",
         )],
@@ -104,6 +110,7 @@ _PARAMS: dict[str, tuple[Any, Any]] = {
     "slurm_dir": (
         Annotated[Path | None, typer.Option(
             "--slurm-dir", envvar="BISECT_SLURM_DIR", show_default=False,
+            metavar="DIR", rich_help_panel=EXECUTOR,
             help="--executor slurm: a directory every compute node sees at the same path; "
             "the trials' files, the uv cache and the environments go under it.",
         )],
@@ -112,6 +119,7 @@ _PARAMS: dict[str, tuple[Any, Any]] = {
     "partition": (
         Annotated[str | None, typer.Option(
             "--partition", envvar="BISECT_SLURM_PARTITION", show_default=False,
+            metavar="NAME", rich_help_panel=EXECUTOR,
             help="--executor slurm: the partition trials are submitted to (default: the "
             "cluster's).",
         )],
@@ -120,6 +128,7 @@ _PARAMS: dict[str, tuple[Any, Any]] = {
     "account": (
         Annotated[str | None, typer.Option(
             "--account", envvar="BISECT_SLURM_ACCOUNT", show_default=False,
+            metavar="NAME", rich_help_panel=EXECUTOR,
             help="--executor slurm: the account trials are charged to.",
         )],
         None,
@@ -127,6 +136,7 @@ _PARAMS: dict[str, tuple[Any, Any]] = {
     "qos": (
         Annotated[str | None, typer.Option(
             "--qos", envvar="BISECT_SLURM_QOS", show_default=False,
+            metavar="NAME", rich_help_panel=EXECUTOR,
             help="--executor slurm: the quality of service trials ask for.",
         )],
         None,
@@ -134,6 +144,7 @@ _PARAMS: dict[str, tuple[Any, Any]] = {
     "build_minutes": (
         Annotated[int, typer.Option(
             "--build-minutes", envvar="BISECT_SLURM_BUILD_MINUTES", min=0,
+            metavar="MIN", rich_help_panel=EXECUTOR,
             help="--executor slurm: minutes each job may spend building its environment, "
             "added to the trial's timeout for the job's --time.",
         )],

@@ -18,7 +18,7 @@ from pydantic.fields import FieldInfo
 
 from engine import baseenv
 from service.cli.errors import fail, validation_message
-from service.options import cli_of, file_options, option_fields
+from service.options import ENVIRONMENT, OUTPUT, WHAT, cli_of, file_options, option_fields
 from service.schemas import JobCreate
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -31,13 +31,25 @@ Range = Annotated[
     str | None,
     typer.Option(
         "--range",
+        metavar="GOOD..BAD",
+        rich_help_panel=WHAT,
         help="GOOD..BAD, both ends included (with --find-fix: OLD..NEW, OLD leaks).",
     ),
 ]
 RequirementsFile = Annotated[
-    Path | None, typer.Option("--requirements", "-r", help="File of further requirements.")
+    Path | None,
+    typer.Option(
+        "--requirements",
+        "-r",
+        metavar="FILE",
+        rich_help_panel=ENVIRONMENT,
+        help="File of further requirements.",
+    ),
 ]
-Json = Annotated[bool, typer.Option("--json", help="Print one JSON object on stdout.")]
+Json = Annotated[
+    bool,
+    typer.Option("--json", rich_help_panel=OUTPUT, help="Print one JSON object on stdout."),
+]
 
 
 def no_password_on_argv(
@@ -72,6 +84,8 @@ DatabaseUrl = Annotated[
     typer.Option(
         "--database-url",
         envvar="BISECT_DATABASE_URL",
+        metavar="URL",
+        rich_help_panel=OUTPUT,
         callback=no_password_on_argv,
         help="Where results go (default: SQLite in the per-user data folder, 0600). A "
         "password is refused here (argv is readable by every user): use env "
@@ -105,7 +119,13 @@ def _typer_option(name: str, info: FieldInfo) -> Any:
             bounds["min"] = ge
         if (le := getattr(meta, "le", None)) is not None:
             bounds["max"] = le
-    return typer.Option(*decls, help=info.description, metavar=cli["metavar"], **bounds)
+    return typer.Option(
+        *decls,
+        help=info.description,
+        metavar=cli["metavar"],
+        rich_help_panel=cli["panel"],
+        **bounds,
+    )
 
 
 def job_option_params(command: str) -> list[inspect.Parameter]:

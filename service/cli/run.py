@@ -19,6 +19,7 @@ from service.cli.db import results_database, shown
 from service.cli.errors import fail, fail_with, internal
 from service.cli.executor import make_executor, with_executor_options
 from service.cli.options import DatabaseUrl, Json, build_request, job_request, with_job_options
+from service.options import RUNS, WHAT
 
 if TYPE_CHECKING:
     from sqlalchemy.engine import Engine
@@ -37,6 +38,7 @@ Example = Annotated[
     bool,
     typer.Option(
         "--example",
+        rich_help_panel=WHAT,
         help="Bisect the bundled offline example: synthetic leakyfixture releases served "
         "on 127.0.0.1, first leaking release 1.0.6.",
     ),
@@ -48,6 +50,8 @@ Jobs = Annotated[
     typer.Option(
         "--jobs",
         "-j",
+        metavar="N",
+        rich_help_panel=RUNS,
         help="Trials run side by side, each a capped process of its own (default cap: 80% of "
         "RAM divided by N); the range is cut into N parts. Not for repros whose timing or GPU "
         "memory another trial would disturb.",

@@ -1,5 +1,7 @@
 """`bisect-cli submit`: send a bisection to a server; `--wait` follows it like `run`.
 
+It prints the job's status page (`page_url`, for a person; `--json` has the API's `url` too).
+
 While it waits, each polled answer feeds the progress lines as it came (`JobProgress`); the
 last one is read into `JobPublic` (service/schemas.py) once, and the report is printed from
 that model as `run` prints its own.
@@ -18,6 +20,7 @@ from service.cli.display import JobProgress, print_report
 from service.cli.errors import BAD_INPUT, INTERNAL, fail
 from service.cli.options import Json, job_request, with_job_options
 from service.cli.remote import DEFAULT_SERVER, ArgvToken, Server, Token, api_errors, make_client
+from service.options import OUTPUT
 from service.schemas import JobCreated, JobPublic
 
 POLL_S = 1.0
@@ -53,6 +56,7 @@ Wait = Annotated[
     bool,
     typer.Option(
         "--wait",
+        rich_help_panel=OUTPUT,
         help="Follow the job until it finishes; then print the report and exit as "
         "`bisect-cli run` does.",
     ),
@@ -68,7 +72,7 @@ def submit(
     json_: Json = False,
     **options: Any,
 ) -> None:
-    """Submit a bisection to a leakbisect server and print the job's URL.
+    """Submit a bisection to a leakbisect server and print the job's page URL.
 
     The server lists the releases at once, so a bad package or range fails here.
     With --wait: the same progress, report, JSON and exit status as `bisect-cli run`
@@ -84,9 +88,9 @@ def submit(
     client = make_client(server, token)
     with client, api_errors():
         created = JobCreated.model_validate(client.submit(payload))
-        job_id, url = created.id, created.url
+        job_id, url = created.id, created.page_url  # a person reads these lines
         if not wait:
-            if json_:
+            if json_:  # both: `url` for a client, `page_url` for a person
                 typer.echo(json.dumps(created.model_dump(mode="json")))
             else:
                 typer.echo(url)
