@@ -202,6 +202,7 @@ def service(
         f"sqlite:///{home / 'service.db'}",
         BISECT_API_TOKENS=f"ci:{fake_jwt(AUDIENCE)}",
         BISECT_RUNNER_TOKENS=f"runners:{RUNNER_TOKEN}",
+        BISECT_ALLOWED_INDEXES="127.0.0.1",  # with tokens, a loopback index must be listed
     )
     svc.start_runner("runner-a", BISECT_RUNNER_TOKEN=RUNNER_TOKEN)
     svc.start_runner("runner-b", BISECT_RUNNER_TOKEN=RUNNER_TOKEN)
@@ -385,6 +386,7 @@ def first_run(
     )  # fmt: skip
     assert run.returncode == 7, run.stderr + "".join(p.read_text() for p in service.logs)
     if target := os.environ.get("CI_SUMMARY_DIR"):  # CI_SUMMARY_DIR=docs refreshes the docs'
+        Path(target).mkdir(parents=True, exist_ok=True)
         Path(target, "ci-job-summary.md").write_text(run.summary)
     return run
 

@@ -198,8 +198,10 @@ def page_of(client: ApiClient, job_id: int) -> str:
 
 
 def start(client: ApiClient, job: int | None, payload: dict[str, Any] | None) -> tuple[int, str]:
-    """The job to follow and its page: `job`, else the one submitted."""
+    """The job to follow and its page: `job` (read once, so that a wrong id or token fails
+    here in one line), else the one submitted."""
     if job is not None:
+        client.get_job(job)
         return job, page_of(client, job)
     created = JobCreated.model_validate(client.submit(payload or {}))
     return created.id, created.page_url
