@@ -39,8 +39,8 @@ from typer.testing import CliRunner
 
 from runners.client import ApiClient
 from service.cli import app
-from service.cli.ci import output_lines
-from service.cli.forge import Forge
+from service.cli.ci import comment_text, output_lines
+from service.cli.forge import Forge, marker
 from tests.test_cli_service import REPRO, Service, make_env
 
 REPO = Path(__file__).resolve().parents[1]
@@ -481,11 +481,13 @@ def test_pr_comment_edited_in_place_against_a_stand_in_github(
     assert standin.calls(f"/gh/repos/acme/widgets/issues/comments/{mine[0]['id']}") == [
         ("PATCH", f"/gh/repos/acme/widgets/issues/comments/{mine[0]['id']}")
     ]
-    # Another key is another bisection: a second comment of ours.
+    # Another key is another bisection: a second comment of ours (here from a push, whose
+    # event has no pull request: the pr input names it).
     other = run_action(
         checkout, tmp_path / "other", standin,
         {"server": service.url, "job": job, "oidc-audience": AUDIENCE, "comment": "true",
-         "comment-key": "numpy-2"},
+         "comment-key": "numpy-2", "pr": "7"},
+        event={"ref": "refs/heads/main"},
     )  # fmt: skip
     assert other.returncode == 0, other.stderr
     ours = [c["body"].split("\n", 1)[0] for c in thread if c["body"].startswith("<!-- leak")]
@@ -654,6 +656,10 @@ def test_oidc_without_what_the_ci_must_give_is_one_line(standin: StandIn) -> Non
         f"error: --oidc-audience: BISECT_ID_TOKEN is not set: give the job `id_tokens: "
         f"BISECT_ID_TOKEN: aud: {AUDIENCE}`\n"
     )
+    assert refused(standin, *aud, "--oidc-token-env", "LB_ID", GITLAB_CI="true") == (
+        f"error: --oidc-audience: LB_ID is not set: give the job `id_tokens: "
+        f"LB_ID: aud: {AUDIENCE}`\n"
+    )
     assert refused(standin, *aud, GITLAB_CI="true", BISECT_ID_TOKEN=fake_jwt("other")) == (
         f"error: --oidc-audience: BISECT_ID_TOKEN is not a token for the audience "
         f"'{AUDIENCE}': set its id_tokens aud to the same audience\n"
@@ -681,4 +687,23 @@ def test_outputs_in_githubs_form_and_as_dotenv() -> None:
     }
     assert output_lines(values, Forge.GITLAB) == (
         "LEAKBISECT_STATUS=found\nLEAKBISECT_FIRST_BAD=1.0.6\nLEAKBISECT_NOTE=two lines\n"
+    )
+
+
+def test_a_report_too_long_for_a_comment_is_cut_at_a_line_with_a_link(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("GITHUB_SHA", SHA)
+    markdown = "".join(f"| 1.0.{n} | clean |\n" for n in range(5000))  # 93,890 characters
+    page = "http://127.0.0.1:8000/jobs/3"
+    text = comment_text(markdown, "numpy", page)
+    kept, cut = text.split("\n\n_Cut", 1)
+    assert markdown.startswith(kept + "\n") and kept.endswith("| clean |")
+    assert cut == (
+        f" to fit a comment: the whole report is on [its page]({page})._\n"
+        f"\n\n<sub>leakbisect (numpy) for commit {SHA[:12]}</sub>\n"
+    )
+    assert len(marker("numpy")) + 1 + len(text) <= 65_536
+    assert comment_text("short\n", "numpy", page) == (
+        f"short\n\n\n<sub>leakbisect (numpy) for commit {SHA[:12]}</sub>\n"
     )

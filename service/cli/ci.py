@@ -47,6 +47,7 @@ from service.schemas import JobCreated, JobPublic, Report
 
 DOTENV_PREFIX = "LEAKBISECT_"
 PANEL = "The CI step"
+COMMENT_MAX = 60_000  # room for the marker and the footer under the forges' 65,536
 
 FollowJob = Annotated[
     int | None,
@@ -256,13 +257,22 @@ def append(path: Path | None, text: str) -> None:
             fh.write(text)
 
 
-def post_comment(forge: Forge, pr: int | None, key: str, markdown: str) -> None:
-    """The one comment of `key`, posted or edited; a failure is one warning line."""
+def comment_text(markdown: str, key: str, page: str) -> str:
+    """The comment: the report, cut at a line to fit a comment (both forges take 65,536
+    characters at most) with a link to the whole, and which commit it was made for."""
+    if len(markdown) > COMMENT_MAX:
+        kept = markdown[:COMMENT_MAX].rsplit("\n", 1)[0]
+        markdown = f"{kept}\n\n_Cut to fit a comment: the whole report is on [its page]({page})._\n"
     commit = os.environ.get("GITHUB_SHA") or os.environ.get("CI_COMMIT_SHA") or ""
     footer = f"\n\n<sub>leakbisect ({key}) for commit {commit[:12]}</sub>\n" if commit else ""
+    return markdown + footer
+
+
+def post_comment(forge: Forge, pr: int | None, key: str, text: str) -> None:
+    """The one comment of `key`, posted or edited; a failure is one warning line."""
     try:
         api = comment_api(forge, os.environ, pr)
-        done, comment_id = upsert_comment(api, key, markdown + footer)
+        done, comment_id = upsert_comment(api, key, text)
     except LeakbisectError as exc:
         typer.echo(f"warning: comment not posted: {exc}; the result stands", err=True)
         return
@@ -320,6 +330,7 @@ def ci(
     append(summary, markdown if markdown.endswith("\n") else markdown + "\n")
     append(outputs, output_lines(outputs_of(report, job_id, page), where))
     if comment:
-        post_comment(where, pr, key or default_key(options, report), markdown)
+        key = key or default_key(options, report)
+        post_comment(where, pr, key, comment_text(markdown, key, page))
     render_report(Console(), report.report(), {})
     raise typer.Exit(statuses.get(report.status, INTERNAL))
