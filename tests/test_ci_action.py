@@ -39,8 +39,9 @@ from typer.testing import CliRunner
 
 from runners.client import ApiClient
 from service.cli import app
-from service.cli.ci import comment_text, output_lines
+from service.cli.ci import comment_text, output_lines, outputs_of
 from service.cli.forge import Forge, marker
+from service.schemas import Report
 from tests.test_cli_service import REPRO, Service, make_env
 
 REPO = Path(__file__).resolve().parents[1]
@@ -707,3 +708,19 @@ def test_a_report_too_long_for_a_comment_is_cut_at_a_line_with_a_link(
     assert comment_text("short\n", "numpy", page) == (
         f"short\n\n\n<sub>leakbisect (numpy) for commit {SHA[:12]}</sub>\n"
     )
+
+
+@pytest.mark.parametrize(("find_fix", "names"), [(False, ("first-bad", "last-good")),
+                                                 (True, ("first-good", "last-bad"))])  # fmt: skip
+def test_outputs_name_the_pair_as_the_job_asked(find_fix: bool, names: tuple[str, str]) -> None:
+    report = Report(
+        job_id=3, status="found", package="p", range="1.0..1.2", find_fix=find_fix,
+        last_old="1.0", first_new="1.1",
+    )  # fmt: skip
+    assert outputs_of(report, 3, "http://127.0.0.1:8000/jobs/3") == {
+        "status": "found",
+        names[0]: "1.1",
+        names[1]: "1.0",
+        "job-id": "3",
+        "job-url": "http://127.0.0.1:8000/jobs/3",
+    }

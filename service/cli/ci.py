@@ -69,7 +69,7 @@ OidcAudience = Annotated[
         metavar="AUD",
         help="Without an API token: authenticate with the CI job's OIDC identity token for "
         "this audience (GitHub: needs `permissions: id-token: write`; GitLab: from "
-        "--oidc-token-env). Env BISECT_OIDC_AUDIENCE.",
+        "--oidc-token-env).",
         show_default=False,
         rich_help_panel=PANEL,
     ),
@@ -87,6 +87,7 @@ ForgeOption = Annotated[
     Forge,
     typer.Option(
         "--forge",
+        metavar="CI",
         help="The CI: github, gitlab, none, or auto (GITHUB_ACTIONS / GITLAB_CI say).",
         rich_help_panel=PANEL,
     ),
@@ -214,7 +215,7 @@ def finish(client: ApiClient, job_id: int, page: str, err: Console) -> tuple[Job
         report = JobPublic.model_validate(wait_for(client, job_id, err, json_=False))
         markdown = client.request("GET", f"/jobs/{job_id}/report.md").text
     except KeyboardInterrupt:
-        err.print(f"stopped waiting; job {job_id} goes on: {page}")
+        typer.echo(f"stopped waiting; job {job_id} goes on: {page}", err=True)
         raise typer.Exit(130) from None
     except (ApiError, ApiUnreachable) as exc:
         code = BAD_INPUT if isinstance(exc, ApiError) and exc.status < 500 else INTERNAL
