@@ -33,6 +33,10 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
         "service.cli.submit", "submit",
         "Submit a bisection to a leakbisect server and print the job's page URL.",
     ),
+    "ci": (
+        "service.cli.ci", "ci",
+        "Bisect from CI in one step: submit, wait, job summary, outputs, one PR comment.",
+    ),
     "status": (
         "service.cli.jobs", "status",
         "Show a job: status, progress, candidates with verdicts and, once found, the result.",
