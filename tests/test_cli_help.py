@@ -1,4 +1,4 @@
-"""`--help` of run, submit, serve and runner at 80 columns (service/cli/help.py, issue 28).
+"""`--help` of every command at 80 columns; run, submit, serve and runner in detail.
 
 Each command's help is read from a real `bisect-cli CMD --help` with COLUMNS=80: no line is
 wider than 80, no flag shows a value placeholder (`<bool>`), the panels are the expected ones
@@ -34,7 +34,7 @@ TITLE = re.compile(r"╭─ (.+?) ─+╮")
 def help_text(command: str) -> str:
     env = {**os.environ, "COLUMNS": "80", "NO_COLOR": "1"}
     proc = subprocess.run(
-        [*CLI, command, "--help"], capture_output=True, text=True, env=env, timeout=60
+        [*CLI, *command.split(), "--help"], capture_output=True, text=True, env=env, timeout=60
     )
     assert proc.returncode == 0, proc.stderr
     return proc.stdout
@@ -98,6 +98,19 @@ def test_flags_take_no_value_and_the_help_column_starts_after_24() -> None:
     # A typed value too long for the column wraps before the value, not into the help.
     executor = lines.index(row("--executor"))
     assert lines[executor + 1].startswith("│ local|docker|slurm ")
+
+
+@pytest.mark.parametrize(
+    "command",
+    ["ci", "status", "list", "logs", "report", "cancel", "db", "db upgrade", "db revision"],
+)
+def test_every_other_command_fits_80_columns_with_no_placeholder_for_a_flag(
+    command: str,
+) -> None:
+    text = help_text(command)
+    assert [len(line) for line in text.splitlines() if len(line) > 80] == []
+    assert re.findall(r"<[a-z]+>", text) == []
+    assert "Options" in panel_blocks(text)
 
 
 def test_the_root_help_lists_every_command_without_a_bool() -> None:

@@ -16,12 +16,14 @@ import typer
 from sqlalchemy.engine import make_url
 
 from service.cli.errors import fail
+from service.cli.help import HelpCommand, HelpGroup
 from service.cli.options import DatabaseUrl, Json
 from service.db import MIGRATIONS, exposed, new_revision, tighten
 from service.db import upgrade as upgrade_schema
 from service.settings import get_settings
 
 app = typer.Typer(
+    cls=HelpGroup,  # --help in panels, as every command's (help.py)
     no_args_is_help=True,
     add_completion=False,
     help="Manage the results database.",
@@ -54,7 +56,7 @@ def results_database(given: str | None) -> str:
     return url
 
 
-@app.command()
+@app.command(cls=HelpCommand)
 def upgrade(database_url: DatabaseUrl = None, json_: Json = False) -> None:
     """Apply every pending migration (idempotent; `serve` does it at start too).
 
@@ -72,7 +74,7 @@ def upgrade(database_url: DatabaseUrl = None, json_: Json = False) -> None:
         typer.echo(f"database {shown(url)} is at the newest schema")
 
 
-@app.command()
+@app.command(cls=HelpCommand)
 def revision(
     message: Annotated[
         str, typer.Option("--message", "-m", help="What the migration does (its file name).")

@@ -24,7 +24,7 @@ from rich.padding import Padding
 from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
-from typer.core import TyperArgument, TyperCommand
+from typer.core import TyperArgument, TyperCommand, TyperGroup
 
 OPTION_COLUMN = 24
 ARGUMENTS, OPTIONS = "Arguments", "Options"
@@ -141,6 +141,14 @@ def print_help(command: Any, ctx: Any, console: Console) -> None:
 
 class HelpCommand(TyperCommand):
     """A Typer command whose --help is `print_help`'s (the root group calls it too)."""
+
+    def format_help(self, ctx: Any, formatter: Any) -> None:
+        print_help(self, ctx, Console(highlight=False))
+
+
+class HelpGroup(TyperGroup):
+    """A command group (`bisect-cli db`) whose --help is `print_help`'s; its commands are
+    declared with `cls=HelpCommand`."""
 
     def format_help(self, ctx: Any, formatter: Any) -> None:
         print_help(self, ctx, Console(highlight=False))
