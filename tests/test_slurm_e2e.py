@@ -106,10 +106,12 @@ def test_the_example_through_slurm_finds_1_0_6_with_the_local_verdicts(
     shared = reachable_tmp / "shared"
     shared.mkdir()
     via_slurm = ["--executor", "slurm", "--slurm-dir", str(shared)]
-    results = {
-        "local": finished(bisect_example(reachable_tmp / "local", uv_cache)),
-        "slurm": finished(bisect_example(reachable_tmp / "slurm", uv_cache, *via_slurm)),
+    # Both at once: the local bisection runs while the Slurm one waits on the scheduler.
+    procs = {
+        "local": bisect_example(reachable_tmp / "local", uv_cache),
+        "slurm": bisect_example(reachable_tmp / "slurm", uv_cache, *via_slurm),
     }
+    results = {name: finished(proc) for name, proc in procs.items()}
     assert results["slurm"]["status"] == "found"
     assert (results["slurm"]["last_good"], results["slurm"]["first_bad"]) == ("1.0.5", "1.0.6")
     assert visited(results["slurm"]) == visited(results["local"])
