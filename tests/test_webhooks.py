@@ -11,7 +11,10 @@ runs), on SQLite and on Postgres.
 import hashlib
 import hmac
 import json
+import os
 import re
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -68,8 +71,9 @@ def verify(secret: str, header: str, body: bytes, now: float, tolerance_s: float
 class Receiver:
     """An HTTP server on 127.0.0.1 that records every POST and answers from a script."""
 
-    def __init__(self, answers: list[tuple[int, str]]) -> None:
+    def __init__(self, answers: list[tuple[int, str]], delay_s: float = 0) -> None:
         self.answers = list(answers)
+        self.delay_s = delay_s  # before answering: a receiver that hangs
         self.got: list[tuple[dict[str, str], bytes, float]] = []
         receiver = self
 
@@ -77,6 +81,7 @@ class Receiver:
             def do_POST(self) -> None:  # noqa: N802 - http.server's name
                 data = self.rfile.read(int(self.headers.get("Content-Length", 0)))
                 receiver.got.append((dict(self.headers), data, time.time()))
+                time.sleep(receiver.delay_s)
                 status, text = receiver.answers.pop(0) if receiver.answers else (200, "ok")
                 self.send_response(status)
                 self.send_header("Content-Length", str(len(text.encode())))
@@ -102,8 +107,8 @@ class Receiver:
 def receiver_factory() -> Iterator[Callable[..., Receiver]]:
     made: list[Receiver] = []
 
-    def make(*answers: tuple[int, str]) -> Receiver:
-        made.append(Receiver(list(answers)).__enter__())
+    def make(*answers: tuple[int, str], delay_s: float = 0) -> Receiver:
+        made.append(Receiver(list(answers), delay_s).__enter__())
         return made[-1]
 
     yield make
@@ -151,6 +156,11 @@ def test_a_job_that_ends_posts_one_signed_payload(
         until(settled(client, job_id))
         shown = client.get(f"{API}/jobs/{job_id}").json()
         [hook] = hooks(client, job_id)
+        settings: Settings = client.app.state.settings  # type: ignore[attr-defined]
+        with Session(get_engine(settings.effective_database_url)) as session:
+            stored = session.get(Job, job_id)
+            assert stored is not None and stored.finished_at is not None
+            finished_at = stored.finished_at.isoformat()
 
     assert len(receiver.got) == 1
     headers, sent, received_at = receiver.got[0]
@@ -168,9 +178,8 @@ def test_a_job_that_ends_posts_one_signed_payload(
         "first_bad": "1.0.6",
         "url": f"http://testserver{API}/jobs/{job_id}",
         "page_url": f"http://testserver/jobs/{job_id}",
-        "finished_at": payload["finished_at"],
+        "finished_at": finished_at,
     }
-    assert payload["finished_at"].startswith(shown["finished_at"].removesuffix("Z")[:19])
     assert headers["Content-Type"] == "application/json"
     assert headers["X-Leakbisect-Event"] == "job.finished"
     assert headers["X-Leakbisect-Delivery"] == str(hook["id"])
@@ -246,6 +255,20 @@ def test_a_redirect_is_not_followed(
     assert hook["status"] == "failed" and elsewhere.got == []
 
 
+def test_a_receiver_that_does_not_answer_in_time_is_a_failed_attempt(
+    make_client: Callable[..., Any], fixture_index: str, receiver_factory: Callable[..., Receiver]
+) -> None:
+    receiver = receiver_factory(delay_s=3)
+    fields = {**FAST, "webhook_timeout_s": 0.5, "webhook_backoff_s": []}  # one attempt
+    with make_client(**fields) as client:
+        job_id = submit_and_cancel(client, fixture_index, receiver.url)
+        until(settled(client, job_id))
+        [hook] = hooks(client, job_id)
+    assert hook["status"] == "failed" and len(receiver.got) == 1
+    [attempt] = hook["attempts"]
+    assert (attempt["result"], attempt["status"]) == ("ReadTimeout: timed out", None)
+
+
 def test_the_operators_webhook_is_sent_and_never_shown(
     make_client: Callable[..., Any], fixture_index: str, receiver_factory: Callable[..., Receiver]
 ) -> None:
@@ -289,11 +312,12 @@ def test_a_delivery_survives_a_restart_and_is_checked_again_before_each_attempt(
     assert results[-1] == "HTTP 200" and set(results[:-1]) == {refused}
 
 
-def test_two_processes_never_send_one_delivery_twice(
+def test_two_delivery_loops_at_once_never_send_one_delivery_twice(
     make_client: Callable[..., Any], fixture_index: str, receiver_factory: Callable[..., Receiver]
 ) -> None:
-    """Two delivery rounds at once (two API processes' loops) over the same due rows: each
-    row is claimed by one of them (FOR UPDATE SKIP LOCKED on Postgres)."""
+    """Two delivery rounds at once over the same due rows, each on its own connection, as
+    two API processes' loops would be: each row is claimed by one of them (FOR UPDATE SKIP
+    LOCKED on Postgres, the single writer on SQLite), and each job is told once."""
     receiver = receiver_factory()
     with make_client(**{**FAST, "webhook_interval_s": 0}) as client:
         jobs = [submit_and_cancel(client, fixture_index, receiver.url) for _ in range(4)]
@@ -416,3 +440,43 @@ def test_a_local_jobs_webhooks_are_sent_by_its_own_process_under_no_host_list(
     assert lines[0].startswith(f"webhook {row.id} of job {job_id} to {receiver.url}: attempt 1: ")
     assert "HTTP 500; next attempt at " in lines[0]
     assert lines[1].endswith("attempt 2: HTTP 200; no further attempt")
+
+
+def test_run_posts_its_own_jobs_webhook_after_the_report(
+    reachable_tmp: Path, uv_cache: Path, receiver_factory: Callable[..., Receiver]
+) -> None:
+    """`bisect-cli run --example --webhook URL`, a real local bisection: the report on
+    stdout, then the webhook, retried after a 500, to a loopback host no list names (the
+    job is its user's own), one line per attempt on stderr."""
+    receiver = receiver_factory((500, "not yet"))
+    env = {
+        **{k: v for k, v in os.environ.items() if not k.startswith("BISECT_")},
+        "XDG_DATA_HOME": str(reachable_tmp / "data"),
+        "XDG_CACHE_HOME": str(reachable_tmp / "cache"),
+        "UV_CACHE_DIR": str(uv_cache),
+        "BISECT_WEBHOOK_SECRET": SECRET,
+        "BISECT_WEBHOOK_BACKOFF_S": "0.1",
+    }
+    args = ["run", "--example", "--json", "--no-attribute", "--webhook", receiver.url,
+            "--database-url", f"sqlite:///{reachable_tmp / 'r.db'}"]  # fmt: skip
+    proc = subprocess.run(
+        [sys.executable, "-m", "service.cli", *args],
+        capture_output=True, text=True, env=env, timeout=300,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    report = json.loads(proc.stdout)  # the report alone on stdout
+    assert report["first_bad"] == "1.0.6"
+    assert len(receiver.got) == 2
+    assert all(verify(SECRET, h["X-Leakbisect-Signature"], b, now=t) for h, b, t in receiver.got)
+    payload = json.loads(receiver.got[1][1])
+    assert (payload["job_id"], payload["status"]) == (report["job_id"], "found")
+    assert (payload["last_good"], payload["first_bad"]) == ("1.0.5", "1.0.6")
+    assert (payload["url"], payload["page_url"]) == (None, None)  # no server to link to
+    said = [line for line in proc.stderr.splitlines() if line.startswith("webhook ")]
+    assert len(said) == 2
+    first = rf"webhook 1 of job {report['job_id']} to {re.escape(receiver.url)}: attempt 1: "
+    assert re.fullmatch(first + r"HTTP 500; next attempt at 20\d\d-\S+", said[0]), said[0]
+    assert said[1] == (
+        f"webhook 1 of job {report['job_id']} to {receiver.url}: attempt 2: HTTP 200; "
+        "no further attempt"
+    )

@@ -209,12 +209,14 @@ def _send_webhooks(engine: "Engine", settings: "Settings", job_id: int) -> None:
 
     from service.webhooks import deliver_job
 
-    err = Console(stderr=True)
+    def say(line: str) -> None:  # whole lines (a log a CI greps), never wrapped
+        typer.echo(line, err=True)
+
     with Session(engine) as session:
         try:
-            deliver_job(session, settings, job_id, say=lambda line: err.print(line, markup=False))
+            deliver_job(session, settings, job_id, say=say)
         except KeyboardInterrupt:
-            err.print("webhook: interrupted; the attempts not made are not sent")
+            say("webhook: interrupted; the attempts not made are not sent")
 
 
 def _searched(session: "Session", job: "Job") -> str:
