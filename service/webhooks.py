@@ -176,6 +176,7 @@ def attempt(
     session: Session, settings: Settings, row: WebhookDelivery, rule: Reach | None
 ) -> dict[str, Any]:
     """Make one attempt at `row` (claimed); its log entry, without `next_at` yet."""
+    started = utcnow()  # the attempt's time is when it began, not when it gave up
     status: int | None = None
     excerpt: str | None = None
     url = row.url or settings.webhook_url
@@ -203,7 +204,7 @@ def attempt(
     except (httpx.HTTPError, LookupError, OSError) as exc:
         result = _one_line(exc)
     return {
-        "at": utcnow().isoformat(),
+        "at": started.isoformat(),
         "result": result,
         "status": status,
         "excerpt": excerpt or None,
