@@ -1,7 +1,8 @@
 """Where a job's URLs may lead: one rule for every URL a job names (its index, extra
-indexes, find-links and repository), pure but for one name lookup. The API server applies
-it at submission and to every request it makes itself (service/policy.py,
-service/index.py); a runner applies it again right before git or uv starts
+indexes, find-links and repository, and its webhook), pure but for one name lookup. The
+API server applies it at submission and to every request it makes itself (service/policy.py,
+service/index.py, service/webhooks.py right before each delivery, under its own host list);
+a runner applies it again right before git or uv starts
 (runners/commits.py, runners/envs.py), against the addresses the name resolves to there.
 
 Rules, in code order:
@@ -53,7 +54,8 @@ from pydantic import BaseModel, ConfigDict, Field
 Address = ipaddress.IPv4Address | ipaddress.IPv6Address
 Resolver = Callable[[str, int], Sequence[str]]
 
-# The setting an operator lists hosts in (service/settings.py `allowed_indexes`).
+# The setting an operator lists hosts in (service/settings.py `allowed_indexes`); webhooks
+# name their own (`webhook_hosts`, service/webhooks.py).
 SETTING = "BISECT_ALLOWED_INDEXES"
 DEFAULT_PORTS = {"http": 80, "https": 443, "git": 9418, "ssh": 22}
 # What a repository URL may use under a rule (git's GIT_ALLOW_PROTOCOL for a URL).
@@ -187,7 +189,7 @@ def allow(
     target: Target, reach: Reach, resolve: Resolver = _getaddrinfo, setting: str = SETTING
 ) -> Allowed:
     """Rule 4: `target` under `reach`, or `Refused` saying why not; `setting` is where the
-    operator lists hosts (the refusals name it)."""
+    operator lists hosts (the refusals name it: webhooks and OIDC issuers have their own)."""
     host, port = target.host, target.port
     if reach.hosts is not None:
         named = {host, f"{host}:{port}", f"[{host}]", f"[{host}]:{port}"}
@@ -214,10 +216,11 @@ def check(
     reach: Reach | None,
     schemes: Sequence[str] = ("http", "https"),
     resolve: Resolver = _getaddrinfo,
+    setting: str = SETTING,
 ) -> Allowed:
     """`parse` then, under a `reach`, `allow`: the one call every caller makes."""
     target = parse(url, schemes)
-    return Allowed(target) if reach is None else allow(target, reach, resolve)
+    return Allowed(target) if reach is None else allow(target, reach, resolve, setting)
 
 
 def describe(what: str, url: str, exc: Refused) -> str:

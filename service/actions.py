@@ -43,7 +43,8 @@ def advance_job(session: Session, job: Job, settings: Settings) -> Plan:
     """Move `job` one step with the slots of the runners seen within `runner_live_s`, within
     its trial budget (`max_trials_per_job`: a job that needs more stops, service/policy.py)."""
     slots = slots_for(session, job, within_s=settings.runner_live_s)
-    return advance(session, job, slots, budget=settings.max_trials_per_job)
+    hook = settings.webhook_url is not None
+    return advance(session, job, slots, budget=settings.max_trials_per_job, operator_webhook=hook)
 
 
 def _create(
@@ -52,13 +53,16 @@ def _create(
     request: JobCreate,
     owner: str | None,
     idempotency: str | None = None,
+    site: str | None = None,
 ) -> Job:
     """A new job, if the submission policy allows what it asks and the owner is within the
-    deployment's limits (service/policy.py); not yet advanced."""
+    deployment's limits (service/policy.py); not yet advanced. `site`: the base URL it was
+    submitted through (its webhook's links)."""
     policy.check_submission(request, policy.reach(settings))
+    policy.check_webhook(request, settings)
     policy.check_owner_limits(session, settings, owner)
     fetch = policy.fetch_policy(settings)
-    return create_job(
+    job = create_job(
         session,
         request,
         fetch=fetch,
@@ -66,6 +70,8 @@ def _create(
         idempotency=idempotency,
         max_candidates=settings.max_candidates,
     )
+    job.site_url = site  # committed by the advance that follows
+    return job
 
 
 def submit_job(
@@ -74,15 +80,16 @@ def submit_job(
     request: JobCreate,
     owner: str | None,
     idempotency: str | None = None,
+    site: str | None = None,
 ) -> tuple[Job, bool]:
     """(the job, True) for a new submission, advanced; (the first job, False) when this
     `idempotency` digest (service/api/routes/jobs.py) was already used, whatever `request`
-    says this time (a retry whose first answer was lost)."""
+    says this time (a retry whose first answer was lost). `site`: see `_create`."""
     first = store.job_by_idempotency(session, idempotency) if idempotency else None
     if first is not None:
         return first, False
     try:
-        job = _create(session, settings, request, owner, idempotency)
+        job = _create(session, settings, request, owner, idempotency, site)
     except IntegrityError:
         # The same key in flight twice: the other request's insert committed first.
         session.rollback()
@@ -94,14 +101,18 @@ def submit_job(
     return job, True
 
 
-def cancel_job(session: Session, job_id: int, caller: Caller, reason: str | None = None) -> Job:
+def cancel_job(
+    session: Session, settings: Settings, job_id: int, caller: Caller, reason: str | None = None
+) -> Job:
     """Cancel the job: its queued trials are cancelled, leased ones are refused at their next
     heartbeat (409) so their runners kill them. `reason`: the job's message (the
     scheduler's own when None)."""
     job = readable_job(session, job_id, caller)
     if not caller.may_change(job.owner):
         raise Forbidden(f"job {job_id} was submitted by another token")
-    done = cancel(session, job) if reason is None else cancel(session, job, reason)
+    hook = settings.webhook_url is not None
+    said = {} if reason is None else {"message": reason}  # else the scheduler's own words
+    done = cancel(session, job, operator_webhook=hook, **said)
     if not done:
         raise Conflict(f"job {job_id} has already finished ({job.status})")
     return job
@@ -128,7 +139,12 @@ def _narrowed(session: Session, job: Job, version: str) -> str:
 
 
 def again_job(
-    session: Session, settings: Settings, job_id: int, caller: Caller, body: AgainRequest
+    session: Session,
+    settings: Settings,
+    job_id: int,
+    caller: Caller,
+    body: AgainRequest,
+    site: str | None = None,
 ) -> Job:
     """A new job from job `job_id`'s options (see the module docstring); returns it, advanced."""
     job = readable_job(session, job_id, caller)
@@ -154,6 +170,6 @@ def again_job(
     else:
         good_bad = f"{job.good}..{job.bad}"
     request = JobCreate.model_validate({**options, "range": good_bad})
-    new = _create(session, settings, request, caller.name)
+    new = _create(session, settings, request, caller.name, site=site)
     advance_job(session, new, settings)
     return new

@@ -5,7 +5,8 @@ service/actions.py) and share service/http/.
 
 Lifespan: migrate the database (`service.db.upgrade`), renew every lease (nobody could
 heartbeat while the API was down: `service.queue.renew_leases`), then run the
-maintenance thread (service/maintenance.py) until shutdown.
+maintenance thread (service/maintenance.py) and the webhooks' delivery thread
+(service/webhooks.py) until shutdown.
 
 Errors are always `{"detail": "one line"}` (service/http/errors.py).
 
@@ -36,6 +37,7 @@ from service.settings import Settings, get_settings
 from service.web import install as install_web
 from service.web.auth import session_key
 from service.web.render import SECURITY_HEADERS
+from service.webhooks import Deliverer
 
 log = logging.getLogger(__name__)
 
@@ -57,11 +59,14 @@ def create_app(settings: Settings | None = None, *, migrate: bool = True) -> Fas
             log.info("renewed %d leases held while the API was down", renewed)
         maintenance = Maintenance(get_engine(url), settings)
         maintenance.start()
+        deliverer = Deliverer(get_engine(url), settings)
+        deliverer.start()
         if not settings.auth_enabled:
             log.warning("no API or runner tokens configured: the API is open to anyone")
         try:
             yield
         finally:
+            deliverer.stop()
             maintenance.stop()
 
     app = FastAPI(

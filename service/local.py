@@ -61,6 +61,7 @@ def run_job(
     log: Callable[[str], None] | None = None,
     jobs: int = 1,
     memory_budget: int | None = None,
+    operator_webhook: bool = False,
 ) -> Job:
     """Run the job to its end, up to `jobs` trials side by side (`bisect-cli run --jobs N`).
 
@@ -69,7 +70,8 @@ def run_job(
     that many parts (k-section), and a trial with no memory limit of its own gets the
     default cap (`memory_budget`, the runner's: `runners.limits.default_limit_bytes`, which
     the caller measures) divided among the slots, so that N capped trials together stay
-    under it.
+    under it. `operator_webhook`: BISECT_WEBHOOK_URL is set, so the job's end is posted there
+    too (the caller sends its webhooks: service/webhooks.py `deliver_job`).
     """
     progress = progress or Quiet()
     trials = _Running(executor, jobs, log, progress.sample if jobs == 1 else None)
@@ -77,7 +79,7 @@ def run_job(
     try:
         with trials:
             while True:
-                advance(session, job, slots=jobs)
+                advance(session, job, slots=jobs, operator_webhook=operator_webhook)
                 if JobStatus(job.status).finished:
                     return job
                 _fill(session, job, trials, progress, memory_budget)
@@ -90,7 +92,7 @@ def run_job(
     except BaseException:
         # An interrupted run leaves a cancelled job, not one that looks alive forever.
         session.rollback()
-        cancel(session, job, "interrupted")
+        cancel(session, job, "interrupted", operator_webhook=operator_webhook)
         raise
 
 

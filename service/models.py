@@ -154,6 +154,10 @@ class Job(_OptionColumns, SQLModel, table=True):
     # instead of creating another (service/api/routes/jobs.py). Unique; None without a key.
     idempotency: str | None = Field(default=None, unique=True)
 
+    # The site the job was submitted through (no trailing slash): its webhook's links when
+    # BISECT_PUBLIC_URL is unset (service/webhooks.py); None for `bisect-cli run`'s jobs.
+    site_url: str | None = Field(default=None, max_length=2000)
+
     # What the job's later stages found (service/stages.py has the order and the rules).
     # Each finished stage's record, in the order they ended.
     stages: list[StageRecord] = Field(
@@ -290,3 +294,30 @@ class Runner(SQLModel, table=True):
     # sha256 (hex) of the secret registration returned; the secret itself is never stored.
     # Every later runner request presents the secret (X-Runner-Secret), which names the runner.
     secret_hash: str | None = Field(default=None, unique=True)
+
+
+class WebhookStatus(StrEnum):
+    PENDING = "pending"  # an attempt is due at `next_at`
+    DELIVERED = "delivered"  # the receiver answered 2xx
+    FAILED = "failed"  # every attempt failed: no more are made
+
+
+class WebhookDelivery(SQLModel, table=True):
+    """One webhook to send for a job that ended, and its attempts (service/webhooks.py)."""
+
+    __tablename__ = "webhook_delivery"
+    __table_args__ = (Index("ix_webhook_delivery_status_next_at", "status", "next_at"),)
+
+    id: int | None = Field(default=None, primary_key=True)
+    job_id: int = Field(foreign_key="job.id", index=True)
+    # The job's --webhook URL; None: the operator's BISECT_WEBHOOK_URL, read when sent and
+    # never stored (it may be a capability URL).
+    url: str | None = Field(default=None, sa_column=Column(Text))
+    status: str = WebhookStatus.PENDING
+    created_at: datetime = Field(default_factory=utcnow)
+    next_at: datetime | None = Field(default_factory=utcnow)
+    # A claim: the process sending the next attempt and until when (service/webhooks.py).
+    claim: str | None = None
+    claimed_until: datetime | None = None
+    # Every attempt, oldest first: {"at", "status" (HTTP), "error", "excerpt", "next_at"}.
+    attempts: list[dict[str, Any]] = _json()

@@ -32,6 +32,7 @@ from packaging.utils import canonicalize_name
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 from pydantic.fields import FieldInfo
 
+from contract import outbound
 from contract.wire import MIN_HORIZON_S
 from engine.units import SIZE_HELP, parse_size
 from service import envpolicy
@@ -418,6 +419,19 @@ class JobOptions(BaseModel):
         column="json",
     )
 
+    webhook_url: str | None = option(
+        None,
+        flag="--webhook",
+        panel=OUTPUT,
+        help="An http(s) URL told when the job ends: one JSON POST signed with the "
+        "service's shared secret (BISECT_WEBHOOK_SECRET), retried with backoff. The API "
+        "takes only hosts its operator allows (BISECT_WEBHOOK_HOSTS, else public ones); "
+        "`run` posts it itself once the job ends.",
+        metavar="URL",
+        max_length=MAX_TEXT,
+        verdict=False,  # who is told, not what is found
+    )
+
     @field_validator(*envpolicy.RULES, check_fields=False)  # "range" is JobCreate's
     @classmethod
     def _env_policy(cls, value: Any, info: ValidationInfo) -> Any:
@@ -435,6 +449,18 @@ class JobOptions(BaseModel):
         if not value.strip() or any(ch in value for ch in "\0\n\r"):
             raise ValueError("empty or not one line; give an http(s) URL or a local path")
         return value.strip()
+
+    @field_validator("webhook_url")
+    @classmethod
+    def _webhook_url(cls, value: str | None) -> str | None:
+        # Rule 1 of the outbound rule (a URL, http or https); where it may lead is the
+        # submission policy's (service/policy.py), and checked again before each delivery.
+        if value is not None:
+            try:
+                outbound.parse(value)
+            except outbound.Refused as exc:
+                raise ValueError(outbound.describe("webhook", value, exc)) from None
+        return value
 
     @field_validator("package")
     @classmethod

@@ -12,7 +12,11 @@ reach into its own network (docs/security.md):
   configured, only the hosts in BISECT_ALLOWED_INDEXES, or any host with public addresses
   when that is unset; with no tokens (loopback only) any host written plainly; indexes are
   read with bounded redirects and a byte cap (`fetch_policy`);
-- ``python`` is a minor version CPython has had or may soon have (3.8 to 3.20).
+- ``python`` is a minor version CPython has had or may soon have (3.8 to 3.20);
+- ``webhook_url`` only where the operator set a shared secret (every webhook is signed),
+  and under the webhooks' own rule (`webhook_reach`: BISECT_WEBHOOK_HOSTS, else public
+  hosts, with or without tokens), which service/webhooks.py applies again before each
+  attempt: `check_webhook`.
 
 Each refusal is an `InvalidInput` naming the field (422).
 
@@ -48,6 +52,8 @@ from service.settings import Settings
 # What a client over a concurrency limit is told to wait before asking again: a poll
 # interval (a job or trial ending frees a place), not a promise.
 RETRY_AFTER_S = 30
+# The setting that lists the hosts a job's webhook may reach (service/settings.py).
+WEBHOOK_HOSTS = "BISECT_WEBHOOK_HOSTS"
 
 
 def reach(settings: Settings) -> Reach | None:
@@ -56,6 +62,18 @@ def reach(settings: Settings) -> Reach | None:
     if settings.allowed_indexes:
         return Reach(hosts=tuple(settings.allowed_indexes))
     return Reach() if settings.auth_enabled else None
+
+
+def webhook_reach(settings: Settings) -> Reach:
+    """Where an API job's webhook may lead: the hosts listed in BISECT_WEBHOOK_HOSTS, else
+    public ones. Tokens or none: the server sends it, so loopback is no excuse."""
+    return Reach(hosts=tuple(settings.webhook_hosts) if settings.webhook_hosts else None)
+
+
+def check_webhook_url(url: str, rule: Reach | None) -> outbound.Allowed:
+    """`url` under `rule` (None: anything, a local job's), or `outbound.Refused` naming
+    BISECT_WEBHOOK_HOSTS."""
+    return outbound.check(url, rule, setting=WEBHOOK_HOSTS)
 
 
 def fetch_policy(settings: Settings) -> FetchPolicy:
@@ -111,6 +129,22 @@ def check_submission(request: JobCreate, rule: Reach | None = None) -> None:
                 f"write 3.{PYTHON_MINORS.start} to 3.{PYTHON_MINORS.stop - 1}",
                 field="python",
             )
+
+
+def check_webhook(request: JobCreate, settings: Settings) -> None:
+    """Refuse a webhook this service would not send, before any connection is made."""
+    url = request.webhook_url
+    if url is None:
+        return
+    if settings.webhook_secret is None:
+        raise InvalidInput(
+            "this service sends no webhooks (its operator set no BISECT_WEBHOOK_SECRET)",
+            field="webhook_url",
+        )
+    try:
+        check_webhook_url(url, webhook_reach(settings))
+    except outbound.Refused as exc:
+        raise InvalidInput(outbound.describe("webhook", url, exc), field="webhook_url") from None
 
 
 def _who(owner: str | None) -> str:

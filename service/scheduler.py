@@ -9,6 +9,9 @@ queue the planner's picks. `advance` and `cancel` hold the job's lock
 (`queue.job_lock`: the job row `FOR UPDATE` on Postgres, a process lock on
 SQLite). Callers commit their own changes before calling either.
 
+Every ending (concluded, stopped at its budget, cancelled) passes `ended`, in the job's
+transaction: it writes the webhooks the end sends (service/webhooks.py).
+
 Verdict reuse (service/reuse.py, whose rules these follow): a pick that an earlier
 job of the same owner already judged, as strongly as a fresh run would, under the
 same conditions is not queued; its verdict is copied as one evaluation and the
@@ -26,7 +29,7 @@ from sqlmodel import Session, col, select
 from engine.planner import Plan, ReleaseState, plan
 from engine.pooled import PooledRun, classify_runs
 from engine.verdicts import Verdict
-from service import kinds, pins, pipeline, policy, queue, reuse, stages
+from service import kinds, pins, pipeline, policy, queue, reuse, stages, webhooks
 from service.envpolicy import EnvPair
 from service.models import Candidate, Job, JobStatus, Trial, TrialStatus, utcnow
 from service.specs import longer_run_hints
@@ -124,13 +127,20 @@ def _with_note(base: str | None, note: str | None) -> str | None:
     return "\n".join(lines) or None
 
 
-def advance(session: Session, job: Job, slots: int, budget: int | None = None) -> Plan:
+def advance(
+    session: Session,
+    job: Job,
+    slots: int,
+    budget: int | None = None,
+    operator_webhook: bool = False,
+) -> Plan:
     """Move `job` one step: returns the planner's answer after queueing its picks.
 
     `budget`: the most trials the job may have (any but cancelled ones, the queued included;
     the API's BISECT_MAX_TRIALS_PER_JOB, None for `bisect-cli run`). A step that needs more
     stops the job as an error, its open trials cancelled: a search that does not converge
-    ends instead of taking the runners for ever.
+    ends instead of taking the runners for ever. `operator_webhook`: BISECT_WEBHOOK_URL is
+    set, so a job that ends is told there too (`ended`).
     """
     with queue.job_lock(session, job):
         if JobStatus(job.status).finished:
@@ -145,10 +155,18 @@ def advance(session: Session, job: Job, slots: int, budget: int | None = None) -
             step = _stop(session, job, policy.budget_spent(budget))
         if step.outcome is None and job.status == JobStatus.QUEUED:
             job.status = JobStatus.RUNNING
+        if JobStatus(job.status).finished:  # it was not when this step began
+            ended(session, job, operator_webhook)
         job.updated_at = utcnow()
         session.add(job)
         session.commit()
         return step
+
+
+def ended(session: Session, job: Job, operator_webhook: bool) -> None:
+    """What follows a job's end, in its transaction: the webhooks it sends (service/webhooks.py).
+    The one place every ending passes (`advance`: concluded or stopped; `cancel`)."""
+    webhooks.enqueue(session, job, operator_webhook)
 
 
 def _open_evaluations(
@@ -276,7 +294,12 @@ def conclude(session: Session, job: Job, candidates: list[Candidate]) -> None:
     queue.cancel_open_trials(session, job)
 
 
-def cancel(session: Session, job: Job, message: str = "cancelled on request") -> bool:
+def cancel(
+    session: Session,
+    job: Job,
+    message: str = "cancelled on request",
+    operator_webhook: bool = False,
+) -> bool:
     """Cancel an unfinished job and its open trials; False when it had already finished."""
     with queue.job_lock(session, job):
         if JobStatus(job.status).finished:
@@ -286,5 +309,6 @@ def cancel(session: Session, job: Job, message: str = "cancelled on request") ->
         job.finished_at = job.updated_at = utcnow()
         session.add(job)
         queue.cancel_open_trials(session, job)
+        ended(session, job, operator_webhook)
         session.commit()
         return True

@@ -412,3 +412,25 @@ class JobPublic(Report):
     def report(self) -> Report:
         """The report alone (the same as `bisect-cli run --json` prints)."""
         return Report.model_validate(self.model_dump(include=set(Report.model_fields)))
+
+
+class WebhookAttempt(BaseModel):
+    """One attempt to deliver a webhook (service/webhooks.py rule 7)."""
+
+    at: datetime
+    result: str = Field(description="'HTTP 200', 'HTTP 500', or the error, in one line")
+    status: int | None = Field(description="the receiver's HTTP status; None: no answer")
+    excerpt: str | None = Field(
+        default=None, description="the start of the receiver's answer, printable, at most 200"
+    )
+    next_at: datetime | None = Field(description="when the next attempt is due; None: no more")
+
+
+class WebhookDeliveryPublic(BaseModel):
+    """A webhook a job's end sends (`GET /jobs/{id}/webhooks`, the job's page)."""
+
+    id: int = Field(description="sent as the payload's `delivery`: retries repeat it")
+    url: str | None = Field(description="the job's --webhook URL; None: the operator's (unshown)")
+    status: str = Field(description="pending, delivered or failed (every attempt failed)")
+    next_at: datetime | None
+    attempts: list[WebhookAttempt]

@@ -281,24 +281,77 @@ class Settings(BaseSettings):
     # loopback only).
     allowed_indexes: Annotated[list[str], NoDecode] = Field(default_factory=list)
     index_max_bytes: int = Field(default=64 * 1024 * 1024, gt=0)
+    # Webhooks (service/webhooks.py): when a job ends, a JSON POST signed with
+    # webhook_secret (HMAC-SHA256, README "Webhooks") goes to the job's --webhook URL and to
+    # webhook_url, the operator's for every job (never stored, logged or shown: it may be a
+    # capability URL). Without a secret the service sends none and refuses --webhook.
+    webhook_url: str | None = None
+    webhook_secret: SecretStr | None = None
+    # Hosts a job's webhook may reach (host or host:port, "*" any; contract/outbound.py):
+    # unset, any host whose addresses are all public, with or without tokens (the server
+    # posts, so a tokenless one is no exception). The operator's own URL is not held to it.
+    webhook_hosts: Annotated[list[str], NoDecode] = Field(default_factory=list)
+    # Seconds a delivery attempt may take (connect, send, read) before it counts as failed.
+    webhook_timeout_s: float = Field(default=10.0, gt=0, le=300)
+    # The waits before each retry: 5 attempts in all over about 7 minutes by default, long
+    # enough to ride out a receiver's restart or deploy, short enough that a CI step
+    # waiting on the hook is not left hanging. Comma-separated seconds.
+    webhook_backoff_s: Annotated[list[float], NoDecode] = Field(
+        default_factory=lambda: [10.0, 30.0, 90.0, 270.0], max_length=20
+    )
+    # How often the API's delivery loop looks for due deliveries (0: no loop).
+    webhook_interval_s: float = Field(default=2.0, ge=0)
     # Whether a runner's GPUs count as held by its trials alone, so that device-level
     # memory may stand in where NVML gives no per-process figure (runners.nvml.open_probe).
     gpu_exclusive: Literal["auto", "yes", "no"] = "auto"
 
-    @field_validator("allowed_indexes", "trusted_hosts", mode="before")
+    @field_validator("allowed_indexes", "trusted_hosts", "webhook_hosts", mode="before")
     @classmethod
     def _split_hosts(cls, value: Any) -> Any:
         if isinstance(value, str):
             return [host.strip().lower() for host in value.split(",") if host.strip()]
         return value
 
-    @field_validator("secret_key", mode="before")
+    @field_validator("webhook_backoff_s", mode="before")
+    @classmethod
+    def _split_backoff(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            return [part.strip() for part in value.split(",") if part.strip()]
+        return value
+
+    @field_validator("webhook_backoff_s")
+    @classmethod
+    def _backoff_bounded(cls, value: list[float]) -> list[float]:
+        if any(not 0 <= wait <= 86400 for wait in value):
+            raise ValueError("each wait is 0 to 86400 seconds")
+        return value
+
+    @field_validator("webhook_url")
+    @classmethod
+    def _webhook_url(cls, value: str | None) -> str | None:
+        if not value:
+            return None
+        try:
+            outbound.parse(value)
+        except outbound.Refused as exc:
+            raise ValueError(str(exc)) from None  # the URL itself is not repeated: a secret
+        return value
+
+    @model_validator(mode="after")
+    def _webhooks_signed(self) -> "Settings":
+        if self.webhook_url and self.webhook_secret is None:
+            raise ValueError(
+                "BISECT_WEBHOOK_URL needs BISECT_WEBHOOK_SECRET: every webhook is signed"
+            )
+        return self
+
+    @field_validator("secret_key", "webhook_secret", mode="before")
     @classmethod
     def _empty_is_unset(cls, value: Any) -> Any:
         # compose passes `${BISECT_SECRET_KEY:-}`: an empty variable means "none configured".
         return None if value == "" else value
 
-    @field_validator("secret_key")
+    @field_validator("secret_key", "webhook_secret")
     @classmethod
     def _long_enough(cls, value: SecretStr | None) -> SecretStr | None:
         if value is not None and len(value.get_secret_value()) < 32:
@@ -354,8 +407,9 @@ def get_settings() -> Settings:
     except ValidationError as exc:
         first = exc.errors()[0]
         loc = first.get("loc") or ()
-        name = "BISECT_" + str(loc[0]).upper() if loc else "BISECT_*"
+        text = str(first["msg"]).removeprefix("Value error, ")
+        if not loc:  # a rule between settings: its message names them
+            raise InvalidInput(text) from None
         # Inside a list of objects (BISECT_OIDC_ISSUERS): which item, which field.
         where = "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in loc[1:])
-        text = str(first["msg"]).removeprefix("Value error, ")
-        raise InvalidInput(f"{name}{where}: {text}") from None
+        raise InvalidInput(f"BISECT_{str(loc[0]).upper()}{where}: {text}") from None

@@ -19,9 +19,18 @@ from sqlmodel import Session, col, select
 from service import kinds, stages, store
 from service.access import Caller
 from service.markdown import markdown_report
-from service.models import Candidate, Job, Trial, TrialStatus
+from service.models import Candidate, Job, Trial, TrialStatus, WebhookDelivery
 from service.report import build_report, links, with_progress
-from service.schemas import JobPublic, JobSummary, Progress, Report, RunningTrial, TrialPublic
+from service.schemas import (
+    JobPublic,
+    JobSummary,
+    Progress,
+    Report,
+    RunningTrial,
+    TrialPublic,
+    WebhookAttempt,
+    WebhookDeliveryPublic,
+)
 from service.state import dump
 
 # What progress counts: the job's releases, and its runs of the script (kinds.JUDGED).
@@ -147,3 +156,20 @@ def evidence_curves(session: Session, report: Report) -> dict[int, list[float]]:
     runs = [run for item in report.evidence for run in item.runs]
     samples = store.samples_of(session, [run.trial_id for run in runs])
     return {run.trial: [float(s.rss) for s in samples[run.trial_id]] for run in runs}
+
+
+def job_webhooks(session: Session, job: Job) -> list[WebhookDeliveryPublic]:
+    """The webhooks the job's end sends and their attempts (service/webhooks.py), oldest
+    first: `GET /jobs/{id}/webhooks` and the job's page. The operator's URL is never shown."""
+    D = WebhookDelivery
+    rows = session.exec(select(D).where(D.job_id == job.id).order_by(col(D.id))).all()
+    return [
+        WebhookDeliveryPublic(
+            id=row.id,  # type: ignore[arg-type]
+            url=row.url,
+            status=row.status,
+            next_at=row.next_at,
+            attempts=[WebhookAttempt.model_validate(a) for a in row.attempts],
+        )
+        for row in rows
+    ]

@@ -100,7 +100,9 @@ def _executor(settings: "Settings", gpu: "GpuProbe | None") -> "Executor":
     return make_executor(settings, gpu, f"run-{default_name()}")  # --executor (executor.py)
 
 
-def _bisect(session: "Session", job: "Job", executor: "Executor", jobs: int) -> None:
+def _bisect(
+    session: "Session", job: "Job", executor: "Executor", jobs: int, operator_webhook: bool
+) -> None:
     from runners.limits import default_limit_bytes
     from service import store
     from service.cli.display import LineProgress, LiveDisplay
@@ -125,6 +127,7 @@ def _bisect(session: "Session", job: "Job", executor: "Executor", jobs: int) -> 
                 progress=display,
                 jobs=jobs,
                 memory_budget=default_limit_bytes() if jobs > 1 else None,
+                operator_webhook=operator_webhook,
             )
         except KeyboardInterrupt:
             err.print("interrupted: job cancelled")
@@ -167,6 +170,11 @@ def run(
             options["package"] = options.get("package") or EXAMPLE_PACKAGE
             options["range_"] = options.get("range_") or EXAMPLE_RANGE
         request = job_request(options, build=build_request)
+        if request.webhook_url and settings.webhook_secret is None:
+            fail(
+                "--webhook: every webhook is signed; set BISECT_WEBHOOK_SECRET (32+ "
+                "characters) to the secret the receiver checks"
+            )
         url = results_database(database_url)
         gpu = open_probe(settings.gpu_exclusive, sharers=jobs)
         executor = _executor(settings, gpu)  # the sandbox users and directories, first
@@ -176,11 +184,32 @@ def run(
             if not json_:
                 what = _searched(session, job)
                 Console(stderr=True).print(f"job {job.id}: {what}, results in {shown(url)}")
-            _bisect(session, job, executor, jobs)
+            _bisect(session, job, executor, jobs, settings.webhook_url is not None)
             candidates, trials = store.candidates_of(session, job), store.trials_of(session, job)
             report = build_report(job, candidates, trials)
             curves = {} if json_ else evidence_curves(session, report)
-    print_report(report, curves, json_)
+        try:
+            print_report(report, curves, json_)
+        finally:  # the report first: a failing receiver's retries take minutes
+            _send_webhooks(engine, settings, job.id)  # type: ignore[arg-type]
+
+
+def _send_webhooks(engine: "Engine", settings: "Settings", job_id: int) -> None:
+    """Post the job's webhooks (its --webhook, BISECT_WEBHOOK_URL) now that it has ended,
+    retrying with the service's backoff; each attempt is one line on stderr. Ctrl-C stops
+    waiting (the exit status stays the job's)."""
+    from sqlmodel import Session
+
+    from service.webhooks import deliver_job
+
+    def say(line: str) -> None:  # whole lines (a log a CI greps), never wrapped
+        typer.echo(line, err=True)
+
+    with Session(engine) as session:
+        try:
+            deliver_job(session, settings, job_id, say=say)
+        except KeyboardInterrupt:
+            say("webhook: interrupted; the attempts not made are not sent")
 
 
 def _searched(session: "Session", job: "Job") -> str:

@@ -34,7 +34,7 @@ from service.models import JobStatus
 from service.options import MAX_REPEATS
 from service.schemas import AgainRequest, contradiction_note, reuse_note
 from service.settings import Settings
-from service.views import job_markdown, job_public, progress_of, readable_job
+from service.views import job_markdown, job_public, job_webhooks, progress_of, readable_job
 from service.web import auth, views
 from service.web.events import Stream, Watcher
 from service.web.render import render
@@ -201,6 +201,7 @@ def _job_context(
         public = job_public(session, job)
         candidates = store.candidates_of(session, job)
         trials = store.trials_of(session, job)
+        webhooks = job_webhooks(session, job)
     cells = views.strip(candidates, trials, public)
     versions = {c.version: c for c in candidates}
     selected = candidate if candidate in versions else views.default_selection(public, cells)
@@ -229,6 +230,7 @@ def _job_context(
         "finished": JobStatus(job.status).finished,
         "may_change": caller.may_change(job.owner),
         "verdict_words": views.VERDICT_WORDS,
+        "webhooks": webhooks,
     }
 
 
@@ -330,7 +332,8 @@ async def cancel_post(request: Request, job_id: int) -> Response:
 
     def cancel() -> None:
         with Session(_engine(request)) as session:
-            actions.cancel_job(session, job_id, caller, "cancelled from the status page")
+            reason = "cancelled from the status page"
+            actions.cancel_job(session, _settings(request), job_id, caller, reason)
 
     try:
         await run_in_threadpool(cancel)
@@ -359,7 +362,9 @@ async def again_post(request: Request, job_id: int) -> Response:
         # The database, the job's options validated again (its environment files parsed)
         # and the first step of the search: never on the event loop (issue 26 row 2).
         with Session(_engine(request)) as session:
-            return actions.again_job(session, _settings(request), job_id, caller, body).id
+            settings = _settings(request)
+            site = site_url(request, settings)
+            return actions.again_job(session, settings, job_id, caller, body, site).id
 
     try:
         new_id = await run_in_threadpool(again)

@@ -1,6 +1,7 @@
-"""Jobs (API tokens): submit, list, report, a trial by number, cancel, bisect again, and the
-Markdown report. One router for the resource; each route parses the request, calls the
-service (service/views.py reads, service/actions.py changes) and returns its model.
+"""Jobs (API tokens): submit, list, report, a trial by number, cancel, bisect again, the
+Markdown report and the webhooks' log. One router for the resource; each route parses the
+request, calls the service (service/views.py reads, service/actions.py changes) and returns
+its model.
 
 `POST /jobs` takes an `Idempotency-Key`: a repeat of a key by the same token returns the
 first job (200), whatever the body says this time.
@@ -28,6 +29,7 @@ from service.schemas import (
     JobPage,
     JobPublic,
     TrialPublic,
+    WebhookDeliveryPublic,
 )
 from service.settings import Settings
 
@@ -118,7 +120,10 @@ def submit_job(
     With an `Idempotency-Key` already used by this token: 200 and the first job, whatever
     this body says (a retry whose first answer was lost)."""
     digest = idempotency_digest(caller, idempotency_key)
-    job, created = actions.submit_job(session, settings, _checked(body), caller.name, digest)
+    site = site_url(request, settings)
+    job, created = actions.submit_job(
+        session, settings, _checked(body), caller.name, digest, site=site
+    )
     if not created:
         response.status_code = status.HTTP_200_OK
     return _created(request, settings, job)
@@ -169,10 +174,12 @@ def get_job_trial(job_id: int, number: int, session: SessionDep, caller: ReaderD
     response_model=JobPublic,
     responses={404: {"description": "no such job"}, 409: {"description": "already finished"}},
 )
-def cancel_job(job_id: int, session: SessionDep, caller: WriterDep) -> JobPublic:
+def cancel_job(
+    job_id: int, session: SessionDep, settings: SettingsDep, caller: WriterDep
+) -> JobPublic:
     """Cancel the job: queued trials are cancelled, leased ones are refused at their next
     heartbeat (409) so their runners kill them."""
-    return views.job_public(session, actions.cancel_job(session, job_id, caller))
+    return views.job_public(session, actions.cancel_job(session, settings, job_id, caller))
 
 
 @router.post(
@@ -192,8 +199,22 @@ def bisect_again(
     """A new job from this one's options: more repeats (`repeats`, default one more) and no
     verdict reuse; with `candidate`, only that release and its testable neighbour
     (service/actions.py)."""
-    new = actions.again_job(session, settings, job_id, caller, body or AgainRequest())
+    site = site_url(request, settings)
+    new = actions.again_job(session, settings, job_id, caller, body or AgainRequest(), site)
     return _created(request, settings, new)
+
+
+@router.get(
+    "/{job_id}/webhooks",
+    response_model=list[WebhookDeliveryPublic],
+    responses={404: {"description": "no such job"}},
+)
+def get_job_webhooks(
+    job_id: int, session: SessionDep, caller: ReaderDep
+) -> list[WebhookDeliveryPublic]:
+    """The webhooks the job's end sends (its --webhook URL; the operator's, its URL unshown)
+    and each attempt: time, result, the next attempt. Empty while the job runs."""
+    return views.job_webhooks(session, views.readable_job(session, job_id, caller))
 
 
 @router.get(
