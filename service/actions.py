@@ -62,16 +62,17 @@ def _create(
     policy.check_webhook(request, settings)
     policy.check_owner_limits(session, settings, owner)
     fetch = policy.fetch_policy(settings)
-    job = create_job(
+    return create_job(
         session,
         request,
         fetch=fetch,
         owner=owner,
         idempotency=idempotency,
         max_candidates=settings.max_candidates,
+        # Committed with the job: set after, the next query's autoflush would open a write
+        # that the advance's SQLite lock then waits behind (a deadlock with maintenance).
+        site_url=site,
     )
-    job.site_url = site  # committed by the advance that follows
-    return job
 
 
 def submit_job(

@@ -85,6 +85,7 @@ def create_job(
     owner: str | None = None,
     idempotency: str | None = None,
     max_candidates: int | None = None,
+    site_url: str | None = None,
 ) -> Job:
     """List the range's releases and store the job with its candidates (committed).
 
@@ -92,9 +93,16 @@ def create_job(
     `fetch`: what reading the indexes may reach (the API's is strict: service/policy.py);
     `idempotency`: the submission's digest, unique (a duplicate raises IntegrityError at the
     insert, before any candidate is written); `max_candidates`: the most releases a range
-    may hold (the API's BISECT_MAX_CANDIDATES, service/policy.py; None for `bisect-cli run`).
+    may hold (the API's BISECT_MAX_CANDIDATES, service/policy.py; None for `bisect-cli run`);
+    `site_url`: the base URL it was submitted through (its webhook's links).
     """
-    given = {"machine": machine, "local": local, "owner": owner, "idempotency": idempotency}
+    given = {
+        "machine": machine,
+        "local": local,
+        "owner": owner,
+        "idempotency": idempotency,
+        "site_url": site_url,
+    }
     policy = request.env_policy
     if isinstance(policy, EnvPair):
         return _create_dependency_job(session, request, policy, given)

@@ -492,7 +492,8 @@ def test_bobs_jobs_never_answer_alices_and_again_marks_what_it_contradicts(
 # The options declared unable to change a verdict (`option(verdict=False)`): a new one
 # joins this list only after a look at why (service/options.py says it beside each).
 NOT_KEYED = {"skip_yanked", "find_fix", "all_transitions", "repeats", "max_runs",
-             "reuse_verdicts", "early_stop", "attribute", "commits", "repo"}  # fmt: skip
+             "reuse_verdicts", "early_stop", "attribute", "commits", "repo",
+             "webhook_url"}  # fmt: skip
 # A different, meaningful value for an option whose default says nothing to change.
 OTHER = {"resolve_at": "2024-01-01", "package": "otherpkg", "script": "import os\n",
          "python": "3.12", "index_url": "http://127.0.0.1:1/simple", "min_growth_mib": 16.0,
