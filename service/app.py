@@ -32,12 +32,13 @@ from service.api.routes import api_router
 from service.db import get_engine, upgrade
 from service.http import errors
 from service.http.guard import Guard
-from service.maintenance import Maintenance
+from service.maintenance import tick
+from service.periodic import Periodic
 from service.settings import Settings, get_settings
 from service.web import install as install_web
 from service.web.auth import session_key
 from service.web.render import SECURITY_HEADERS
-from service.webhooks import Deliverer
+from service.webhooks import deliver_due
 
 log = logging.getLogger(__name__)
 
@@ -57,9 +58,17 @@ def create_app(settings: Settings | None = None, *, migrate: bool = True) -> Fas
             renewed = queue.renew_leases(session, lease_s=settings.lease_s)
         if renewed:
             log.info("renewed %d leases held while the API was down", renewed)
-        maintenance = Maintenance(get_engine(url), settings)
+        engine = get_engine(url)
+        maintenance = Periodic(
+            "leakbisect-maintenance", engine, settings.reap_interval_s, lambda s: tick(s, settings)
+        )
+        deliverer = Periodic(
+            "leakbisect-webhooks",
+            engine,
+            settings.webhook_interval_s,
+            lambda s: deliver_due(s, settings),
+        )
         maintenance.start()
-        deliverer = Deliverer(get_engine(url), settings)
         deliverer.start()
         if not settings.auth_enabled:
             log.warning("no API or runner tokens configured: the API is open to anyone")

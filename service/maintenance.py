@@ -6,11 +6,9 @@ settles a candidate whose last trial the reaper finished as an error.
 """
 
 import logging
-import threading
 from datetime import timedelta
 
 from sqlalchemy import and_, false, or_
-from sqlalchemy.engine import Engine
 from sqlmodel import Session, col, select
 
 from service import queue
@@ -47,35 +45,3 @@ def tick(session: Session, settings: Settings) -> list[int]:
         if job is not None:
             advance_job(session, job, settings)
     return [t.id for t in reaped if t.id is not None]
-
-
-class Maintenance:
-    """A daemon thread running `tick` every `settings.reap_interval_s` (0: never)."""
-
-    def __init__(self, engine: Engine, settings: Settings) -> None:
-        self.engine = engine
-        self.settings = settings
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
-
-    def start(self) -> None:
-        if self.settings.reap_interval_s <= 0:
-            return
-        self._thread = threading.Thread(
-            target=self._run, name="leakbisect-maintenance", daemon=True
-        )
-        self._thread.start()
-
-    def _run(self) -> None:
-        while not self._stop.wait(self.settings.reap_interval_s):
-            try:
-                with Session(self.engine) as session:
-                    tick(session, self.settings)
-            except Exception:  # keep going: the next tick may well succeed
-                log.exception("maintenance tick failed")
-
-    def stop(self, timeout: float = 10.0) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout)
-            self._thread = None

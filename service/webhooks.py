@@ -34,9 +34,10 @@ Rules, in code order:
    when the waits are used up the delivery has failed. Each attempt is kept on the row
    (time, HTTP status or error, excerpt, next attempt) and logged (never the secret,
    never the operator's URL).
-8. `Deliverer`: the API server's loop (a thread beside maintenance) sends the due rows of
-   its jobs; `bisect-cli run` sends its own job's rows itself (`deliver_job`), waiting out
-   the backoff, and no server ever sends a local job's.
+8. The API server's round (`deliver_due` in a service/periodic.py thread, beside
+   maintenance's) sends the due rows of its jobs; `bisect-cli run` sends its own job's
+   rows itself (`deliver_job`), waiting out the backoff, and no server ever sends a local
+   job's.
 """
 
 import hashlib
@@ -44,7 +45,6 @@ import hmac
 import json
 import logging
 import secrets
-import threading
 import time
 from collections.abc import Callable
 from datetime import datetime, timedelta
@@ -52,7 +52,6 @@ from typing import Any
 
 import httpx
 from sqlalchemy import or_, update
-from sqlalchemy.engine import Engine
 from sqlmodel import Session, col, func, select
 
 from contract import outbound
@@ -295,33 +294,3 @@ def deliver_job(
 def _aware(moment: datetime) -> datetime:
     # SQLite hands datetimes back without their zone; every one stored is UTC.
     return moment if moment.tzinfo else moment.replace(tzinfo=utcnow().tzinfo)
-
-
-class Deliverer:
-    """A daemon thread running `deliver_due` every `settings.webhook_interval_s` (0: never)."""
-
-    def __init__(self, engine: Engine, settings: Settings) -> None:
-        self.engine = engine
-        self.settings = settings
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
-
-    def start(self) -> None:
-        if self.settings.webhook_interval_s <= 0:
-            return
-        self._thread = threading.Thread(target=self._run, name="leakbisect-webhooks", daemon=True)
-        self._thread.start()
-
-    def _run(self) -> None:
-        while not self._stop.wait(self.settings.webhook_interval_s):
-            try:
-                with Session(self.engine) as session:
-                    deliver_due(session, self.settings)
-            except Exception:  # keep going: the database may be back next round
-                log.exception("webhook delivery round failed")
-
-    def stop(self, timeout: float = 30.0) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout)
-            self._thread = None
