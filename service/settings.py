@@ -36,6 +36,11 @@ def _cache_home() -> Path:
 
 
 TOKEN_NAME = re.compile(r"[A-Za-z0-9_.-]{1,64}")
+# The name of a job's owner: a token's name, or what a CI identity token's owner template
+# makes (service/oidc.py), which adds ':', '/' and '@' since a repository
+# ("github:myorg/app") names its owner best.
+OWNER_NAME = re.compile(r"[A-Za-z0-9_.:/@-]{1,128}")
+OWNER_CHARS = "letters, digits, _ . - : / @; at most 128"
 
 
 class NamedToken(SecretStr):
@@ -70,10 +75,8 @@ def parse_groups(text: str) -> list[frozenset[str]]:
     for part in filter(None, (p.strip() for p in text.split(";"))):
         names = [n.strip() for n in part.split(",") if n.strip()]
         for name in names:
-            if not TOKEN_NAME.fullmatch(name):
-                raise ValueError(
-                    f"{name!r} is not an owner name (a token's name: letters, digits, _ . -)"
-                )
+            if not OWNER_NAME.fullmatch(name):  # a token's name or a CI identity's owner
+                raise ValueError(f"{name!r} is not an owner name ({OWNER_CHARS})")
             if name in seen:
                 raise ValueError(f"{name} is in two groups; an owner belongs to one at most")
             seen.add(name)
@@ -83,10 +86,6 @@ def parse_groups(text: str) -> list[frozenset[str]]:
     return groups
 
 
-# The name a CI identity token's owner template may make (service/oidc.py): a token's name
-# plus ':', '/' and '@', since a repository ("github:myorg/app") names its owner best.
-OWNER_NAME = re.compile(r"[A-Za-z0-9_.:/@-]{1,128}")
-OWNER_CHARS = "letters, digits, _ . - : / @; at most 128"
 # `{claim}` in an owner template; every other brace is refused.
 TEMPLATE_FIELD = re.compile(r"\{([A-Za-z_][A-Za-z0-9_]*)\}")
 OIDC_SETTING = "BISECT_OIDC_ISSUERS"

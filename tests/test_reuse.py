@@ -629,7 +629,7 @@ def test_a_contradiction_inside_a_trust_group_stops_the_verdict_for_all(
     [
         ("alice,bob;bob,carol", "bob is in two groups; an owner belongs to one at most"),
         ("alice,bob;carol", "the group 'carol' has one owner; a group needs two or more"),
-        ("alice,b ob", "'b ob' is not an owner name (a token's name: letters, digits, _ . -)"),
+        ("alice,b ob", "'b ob' is not an owner name (letters, digits, _ . - : / @; at most 128)"),
     ],
 )
 def test_a_bad_trust_group_setting_is_one_line_at_startup(
@@ -639,6 +639,15 @@ def test_a_bad_trust_group_setting_is_one_line_at_startup(
     with pytest.raises(InvalidInput) as raised:
         get_settings()
     assert str(raised.value) == f"BISECT_REUSE_GROUPS: {line}"
+
+
+def test_a_trust_group_takes_ci_identity_owners(groups: Callable[[str], None]) -> None:
+    """An owner a CI identity token maps to (service/oidc.py) may be in a group too."""
+    groups("alice,github:myorg/app; gitlab:group/sub/project,ci@host")
+    assert get_settings().reuse_groups == [
+        frozenset({"alice", "github:myorg/app"}),
+        frozenset({"gitlab:group/sub/project", "ci@host"}),
+    ]
 
 
 def test_through_the_api_a_trust_group_reuses_and_names_no_other_owners_job(
