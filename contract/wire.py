@@ -415,10 +415,18 @@ class Lease(Wire):
 
 
 class Heartbeat(Wire):
+    """A runner's trial is still running: extend its lease. The rest is what its status line
+    shows (`contract.live.LiveMemory`, the same names); None where the runner did not say (a
+    runner from before these fields sends only `rss`)."""
+
     runner_id: Name
     attempt: Attempt
     # the trial's current memory, for the status page
     rss: int | None = Field(default=None, ge=0, le=MAX_SAMPLE_BYTES)
+    # the steps its markers span so far, and the floor of its first and latest complete step
+    steps: int | None = Field(default=None, ge=0, le=MAX_STEP)
+    floor_first: int | None = Field(default=None, ge=0, le=MAX_SAMPLE_BYTES)
+    floor: int | None = Field(default=None, ge=0, le=MAX_SAMPLE_BYTES)
 
 
 class HeartbeatAck(Wire):

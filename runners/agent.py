@@ -2,7 +2,9 @@
 
 One trial at a time. The trial runs in a worker thread (the `Executor`) while
 the agent's thread heartbeats every ``heartbeat_s`` (the lease's figure),
-sending the trial's latest RSS. A heartbeat answered 409 means the lease is no
+sending what the trial's status line shows (contract/live.py: its latest RSS, the
+steps its markers span, its first and latest floor; nothing before its first
+sample). A heartbeat answered 409 means the lease is no
 longer ours (re-leased after its deadline, or the job was cancelled): the
 agent kills the trial and drops its report.
 
@@ -47,6 +49,7 @@ Every event is one log line through ``log`` (default: stderr, with a time).
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import platform
 import signal
@@ -63,6 +66,7 @@ import psutil
 
 from contract.errors import InfrastructureFailure
 from contract.executor import Executor, Kill
+from contract.live import LiveFloors
 from contract.wire import (
     EnvResult,
     Heartbeat,
@@ -165,7 +169,7 @@ class _Trial:
     def __init__(self, lease: Lease, run: Callable[[_Trial], TrialReport]):
         self.lease = lease
         self.spec = lease.trial
-        self.rss: int | None = None
+        self.memory = LiveFloors()  # fed on the executor's thread, read by the heartbeat
         self.report: TrialReport | None = None
         self.requeue: str | None = None  # why it goes back to the queue, verdictless
         self.killed = False
@@ -196,7 +200,7 @@ class _Trial:
                 kill()
 
     def on_sample(self, sample: Sample) -> None:
-        self.rss = sample.rss
+        self.memory.add(sample)
 
     def kill(self) -> None:
         with self._lock:
@@ -412,10 +416,12 @@ class Agent:
     def _heartbeat(self, trial: _Trial) -> str | None:
         """Extend the lease; the reason when it is lost (409), else None."""
         assert self.runner_id is not None
+        state = trial.memory.state  # one sample's whole state (contract/live.py)
+        live = dataclasses.asdict(state) if state.rss is not None else {}
         try:
             self.client.heartbeat(
                 trial.spec.trial_id,
-                Heartbeat(runner_id=self.runner_id, attempt=trial.spec.attempt, rss=trial.rss),
+                Heartbeat(runner_id=self.runner_id, attempt=trial.spec.attempt, **live),
             )
         except StaleLeaseError as exc:
             return f"lease lost ({exc})"

@@ -252,8 +252,13 @@ class Trial(SQLModel, table=True):
     cap_method: str | None = None
     duration_s: float | None = _finite()
     env_seconds: float | None = _finite()
-    # The running trial's memory as of its last heartbeat, for progress displays.
+    # The running trial as of its last heartbeat, for progress displays (contract/live.py:
+    # its memory, the steps its markers span, its first and latest floor); None where the
+    # runner did not say, and cleared with each new lease (service/queue.py).
     rss: int | None = Field(default=None, sa_column=Column(BigInteger))
+    steps: int | None = Field(default=None, sa_column=Column(BigInteger))
+    floor_first: int | None = Field(default=None, sa_column=Column(BigInteger))
+    floor: int | None = Field(default=None, sa_column=Column(BigInteger))
     log_tail: str | None = Field(default=None, sa_column=Column(Text))
     gpu_source: str | None = None
     verdict: str | None = None

@@ -385,12 +385,28 @@ class Report(BaseModel):
 
 
 class RunningTrial(BaseModel):
+    """A run a runner holds now, as its status line shows it (contract/live.py); the
+    memory fields are as of its last heartbeat, None before the first or where its runner
+    did not say."""
+
     trial: int  # its number in the job
     trial_id: int
     version: str
     runner: str | None
     attempt: int
+    started_at: datetime | None = Field(description="when its runner leased it")
+    elapsed_s: float | None = Field(
+        description="seconds since `started_at` by the server's clock, so a client's own "
+        "clock does not matter"
+    )
     rss: int | None = Field(description="bytes at the last heartbeat; None before the first")
+    steps: int | None = Field(description="the steps its step markers span so far")
+    floor_first: int | None = Field(description="bytes: its first complete step's floor")
+    floor: int | None = Field(description="bytes: its latest complete step's floor")
+    early_stop: str = Field(
+        description="what the early-stop rule can do now, in words: off, cap only, "
+        "from step N, looking"
+    )
 
 
 class Progress(BaseModel):

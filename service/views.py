@@ -10,16 +10,23 @@ database. Rules:
   stage `RELEASES`, service/stages.py), how many have a verdict, and its runs of the script (trials
   of kind run; resolve trials are not runs) done, running (leased) and queued. Grouped
   queries, so the list counts a page of jobs as cheaply as the report counts one.
+- A running trial (`running_trials`) is shown as its status line shows it: its runner's last
+  heartbeat (memory, steps, floors), its time since it was leased by the server's clock, and
+  the early-stop state in words (contract/earlystop.py `live_state`) of the settings it was
+  sent: the job's runs that had ended when it was leased give its horizon (service/specs.py).
 - Reads only: nothing here writes (service/actions.py changes jobs).
 """
+
+from collections.abc import Sequence
 
 from sqlalchemy import case, func
 from sqlmodel import Session, col, select
 
-from service import kinds, stages, store
+from contract.earlystop import live_state
+from service import kinds, specs, stages, store
 from service.access import Caller
 from service.markdown import markdown_report
-from service.models import Candidate, Job, Trial, TrialStatus, WebhookDelivery
+from service.models import Candidate, Job, Trial, TrialStatus, WebhookDelivery, utcnow
 from service.report import build_report, links, with_progress
 from service.schemas import (
     JobPublic,
@@ -92,7 +99,9 @@ def running_trials(session: Session, job: Job) -> list[RunningTrial]:
         .join(Candidate, col(Candidate.id) == col(Trial.candidate_id))
         .where(Trial.job_id == job.id, kinds.JUDGED, col(Trial.status) == TrialStatus.LEASED.value)
         .order_by(col(Trial.id))
-    )
+    ).all()
+    trials = store.trials_of(session, job) if rows else []
+    now = utcnow()
     return [
         RunningTrial(
             trial=t.number,
@@ -100,10 +109,25 @@ def running_trials(session: Session, job: Job) -> list[RunningTrial]:
             version=version,
             runner=t.runner_id,
             attempt=t.attempt,
+            started_at=t.started_at,
+            elapsed_s=None if t.started_at is None else (now - t.started_at).total_seconds(),
             rss=t.rss,
+            steps=t.steps,
+            floor_first=t.floor_first,
+            floor=t.floor,
+            early_stop=early_stop_state(job, trials, t),
         )
         for t, version in rows
     ]
+
+
+def early_stop_state(job: Job, trials: Sequence[Trial], trial: Trial) -> str:
+    """What the early-stop rule can do for running `trial` now, in words: the settings it was
+    sent (`specs.early_stop` over the job's runs that had ended when it was leased) and the
+    steps of its last heartbeat."""
+    leased = trial.started_at
+    ended = [t for t in trials if leased and t.finished_at and t.finished_at <= leased]
+    return live_state(specs.early_stop(job, ended), trial.steps or 0)
 
 
 def job_report(session: Session, job: Job) -> Report:

@@ -33,6 +33,20 @@ from service.settings import Settings
 from tests.waiting import wait_until
 
 SLEEPER = "import time\nprint('sleeping', flush=True)\ntime.sleep(60)\n"
+# Five steps of 0.5 s, 64 MiB more held (written, so resident) from the third on, then a
+# long fifth step: steps 1 to 4 are complete, the first's floor is without the 64 MiB and
+# the fourth's with them.
+STEPPER = """\
+import time
+
+for i in range(5):
+    if i == 2:
+        held = b"x" * (64 << 20)
+    print("::leakbisect-step::", flush=True)
+    time.sleep(0.5)
+time.sleep(60)
+"""
+MIB = 2**20
 REPRO_PATH = Path(__file__).resolve().parents[1] / "service" / "example" / "repro.py"
 REPRO = REPRO_PATH.read_text()
 CAPS = RunnerCapabilities(cpus=1, pythons=["3"], platform="test")
@@ -193,6 +207,28 @@ def test_stale_heartbeat_kills_the_trial(
         assert at.thread.is_alive()
     assert at.result == [0]
     assert at.saw("left (")
+
+
+def test_the_heartbeat_sends_the_status_lines_steps_and_floors(
+    client: ApiClient, fixture_index: str, reachable_tmp: Path, uv_cache: Path
+) -> None:
+    """What `submit --wait` shows of a running trial comes from its runner's heartbeats: the
+    steps its markers span and the floor of its first and latest complete step
+    (contract/live.py, fed every sample)."""
+    job_id = submit(client, fixture_index, STEPPER)
+
+    def running() -> dict[str, Any] | None:
+        shown = client.get_job(job_id)["progress"]["running"]
+        return shown[0] if shown and shown[0]["steps"] == 5 else None
+
+    try:
+        with AgentThread(client, reachable_tmp, uv_cache):
+            shown = wait_until(running, 90, "a heartbeat of all five steps")
+        assert shown["floor"] - shown["floor_first"] >= 60 * MIB, shown  # the 64 MiB held
+        assert shown["rss"] - shown["floor_first"] >= 60 * MIB, shown  # memory now holds them
+        assert shown["early_stop"] == "cap only"  # the job's first run: no horizon yet
+    finally:
+        client.cancel(job_id)
 
 
 def test_stop_gives_the_lease_back(

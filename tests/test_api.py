@@ -525,9 +525,10 @@ def test_stale_lease_is_refused_and_the_reaper_requeues(
         assert ack.status_code == 200 and ack.json()["lease_expires_at"]
         running = client.get(f"{API}/jobs/{created['id']}").json()["progress"]["running"]
         # Trial 2 of the job (the resolve trial was 1); trial_id is the id in the API's paths.
-        assert running == [
+        assert [{k: r[k] for k in ("trial", "trial_id", "version", "runner", "attempt", "rss",
+                                   "steps")} for r in running] == [
             {"trial": 2, "trial_id": trial_id, "version": "1.0.0", "runner": old, "attempt": 1,
-             "rss": 123}
+             "rss": 123, "steps": None}  # a heartbeat that says only rss, as older runners send
         ]  # fmt: skip
 
         time.sleep(0.45)  # no heartbeat: the lease expires
@@ -541,6 +542,8 @@ def test_stale_lease_is_refused_and_the_reaper_requeues(
         again = lease(client, new)
         assert again is not None
         assert (again["trial"]["trial_id"], again["trial"]["attempt"]) == (trial_id, 2)
+        running = job(client, created["id"])["progress"]["running"]
+        assert (running[0]["runner"], running[0]["rss"]) == (new, None)  # a new lease: blank
         response = heartbeat(client, held, old)
         assert response.status_code == 409
         # The holder (runner `new`, attempt 2) is never named to another runner.
@@ -557,6 +560,66 @@ def test_stale_lease_is_refused_and_the_reaper_requeues(
         trial = client.get(f"{API}/trials/{trial_id}").json()
         assert (trial["status"], trial["runner_id"], trial["attempt"]) == ("done", new, 2)
         assert job(client, created["id"])["progress"]["trials_done"] == 1
+
+
+def live_heartbeat(client: TestClient, held: dict[str, Any], runner_id: str, **live: Any) -> Any:
+    spec = held["trial"]
+    return client.post(
+        f"{API}/trials/{spec['trial_id']}/heartbeat",
+        json={"runner_id": runner_id, "attempt": spec["attempt"], **live},
+        headers=as_runner(runner_id),
+    )
+
+
+def test_a_heartbeat_fills_the_running_trials_status_line(
+    client: TestClient, fixture_index: str
+) -> None:
+    """What `submit --wait` draws for a running trial: its runner's last heartbeat (memory,
+    steps, floors), the time since its lease by the server's clock, and what the early-stop
+    rule can do for it, from the settings it was sent."""
+    runner = register(client, "live")
+    created = submit(client, fixture_index)
+    t0 = time.time()
+    held = lease(client, runner)
+    assert held is not None and held["trial"]["env"]["version"] == "1.0.0"
+    trial_id = held["trial"]["trial_id"]
+
+    def running() -> dict[str, Any]:
+        (shown,) = job(client, created["id"])["progress"]["running"]
+        return shown
+
+    before = running()  # leased, no heartbeat yet
+    assert {k: before[k] for k in ("rss", "steps", "floor_first", "floor", "early_stop")} == {
+        "rss": None, "steps": None, "floor_first": None, "floor": None, "early_stop": "cap only"
+    }  # fmt: skip
+    live = {"rss": 80 * MIB, "steps": 35, "floor_first": 10 * MIB, "floor": 47 * MIB}
+    assert live_heartbeat(client, held, runner, **live).status_code == 200
+    shown = running()
+    elapsed, waited = shown.pop("elapsed_s"), time.time() - t0
+    assert 0 <= elapsed <= waited  # by the server's clock, since the lease
+    assert shown == {
+        "trial": 2, "trial_id": trial_id, "version": "1.0.0", "runner": runner, "attempt": 1,
+        "started_at": client.get(f"{API}/trials/{trial_id}").json()["started_at"],
+        **live, "early_stop": "cap only",  # no full run yet: no horizon, only the cap rule
+    }  # fmt: skip
+
+    # The good bound runs to its end: 60 s and 120 step markers, the horizon of later trials.
+    ended = report(held, runner) | {"steps": [[i * 0.5, i + 1] for i in range(120)]}
+    done = client.post(f"{API}/trials/{trial_id}/complete", json=ended, headers=as_runner(runner))
+    assert done.json() == {"verdict": "clean"}
+    bad = lease(client, runner)
+    assert bad is not None and bad["trial"]["env"]["version"] == "1.0.9"
+    words = {}
+    for steps in (59, 60):  # no leak look before half the horizon's 120 steps
+        live_heartbeat(client, bad, runner, rss=90 * MIB, steps=steps)
+        words[steps] = running()["early_stop"]
+    assert words == {59: "from step 60", 60: "looking"}
+    assert (running()["floor_first"], running()["floor"]) == (None, None)  # not said: none
+
+    refused = live_heartbeat(client, bad, runner, steps=-1)
+    assert (refused.status_code, refused.json()) == (
+        422, {"detail": "steps: Input should be greater than or equal to 0"}
+    )  # fmt: skip
 
 
 def test_max_attempts_make_the_candidate_an_error(

@@ -66,29 +66,54 @@ def test_sparkline_shows_floors() -> None:
     assert sparkline([]) == ""
 
 
-def test_submit_progress_shows_the_running_trial_memory() -> None:
+RUNNING = {
+    "trial": 2, "trial_id": 5, "version": "1.0.9", "runner": "r-1", "attempt": 1,
+    "started_at": "2026-12-07T03:00:00Z", "elapsed_s": 12.2, "rss": 12 * 2**20, "steps": 7,
+    "floor_first": 10 * 2**20, "floor": 11 * 2**20, "early_stop": "cap only",
+}  # fmt: skip
+JOB = {
+    "package": "leakyfixture",
+    "status": "running",
+    "candidates": [
+        {"version": "1.0.0", "verdict": "clean", "testable": True, "trials": 1},
+        {"version": "1.0.9", "verdict": None, "testable": True, "trials": 0},
+    ],
+    "progress": {"trials_done": 1, "trials_running": 1, "trials_queued": 0, "running": [RUNNING]},
+}
+
+
+def test_submit_progress_shows_the_running_trials_status_line() -> None:
+    """The same line as `run`'s (`status_line`), from the server's `progress.running`, then
+    which trial and runner it is."""
     from service.cli.display import JobProgress
 
     out = io.StringIO()
     console = Console(file=out, width=200, no_color=True)
     progress = JobProgress(console, live=False)
-    progress.report = {
-        "package": "leakyfixture",
-        "status": "running",
-        "candidates": [
-            {"version": "1.0.0", "verdict": "clean", "testable": True, "trials": 1},
-            {"version": "1.0.9", "verdict": None, "testable": True, "trials": 0},
-        ],
-        "progress": {
-            "running": [
-                {"trial": 2, "version": "1.0.9", "runner": "r-1", "attempt": 1, "rss": 12 * 2**20}
-            ]
-        },
-    }
+    progress.report = JOB
     console.print(progress._render())
     lines = out.getvalue().splitlines()
     assert lines[1] == " C  ▶ "
-    assert lines[2] == "running 1.0.9 (trial 2, r-1)   rss     12.0 MiB"
+    assert lines[2] == (
+        "▶ 1.0.9  elapsed 12s  7 steps  12 MiB, floor 10→11  early stop: cap only  (trial 2, r-1)"
+    )
+
+
+def test_submit_progress_without_a_terminal_is_plain_lines_every_5_s() -> None:
+    from service.cli.display import PLAIN_EVERY_S, JobProgress
+
+    out = io.StringIO()
+    progress = JobProgress(Console(file=out, width=200, no_color=True), live=False)
+    progress.update(JOB)
+    progress.update(JOB)  # polled again at once: nothing new to say
+    progress.printed -= PLAIN_EVERY_S  # as if 5 s had passed since
+    progress.update(JOB)
+    assert out.getvalue().splitlines() == [
+        "  1.0.0: clean (1 trials)",
+        "running: trials: 1 done, 1 running, 0 queued",
+        "running 1.0.9 (trial 2, r-1)",
+        "  1.0.9  elapsed 12s  7 steps  12 MiB, floor 10→11  early stop: cap only  (trial 2, r-1)",
+    ]
 
 
 def test_run_names_what_a_from_to_job_searches() -> None:

@@ -1,9 +1,13 @@
-"""The running trial's status line of `bisect-cli run` (service/cli/display.py, issue 28).
+"""The running trial's status line of `bisect-cli run` and `submit --wait`
+(service/cli/display.py, issue 28).
 
-The line's parts from samples (`TrialWatch`) and the early-stop state in words
-(contract/earlystop.py `live_state`), then `bisect-cli run --example` for real: under a
-pseudo-terminal the line is redrawn in place on stderr while stdout holds only the JSON;
-with stderr a pipe it is a plain line every 5 s at most.
+The floors and steps from samples (contract/live.py, which a runner's heartbeat sends too),
+the line's format (`status_line`), its parts from samples (`TrialWatch`) and the early-stop
+state in words (contract/earlystop.py `live_state`), then `bisect-cli run --example` for
+real: under a pseudo-terminal the line is redrawn in place on stderr while stdout holds only
+the JSON; with stderr a pipe it is a plain line every 5 s at most. Last, `submit --wait`
+against a real `serve` and `runner` under a pseudo-terminal draws the same line from the
+runner's heartbeats.
 
 The runs use a repro of the example package slower than the bundled one (60 steps of 0.1 s),
 over 1.0.0..1.0.5: both bounds are clean, so the job ends after its two bound trials (exit 3,
@@ -23,8 +27,9 @@ import threading
 from pathlib import Path
 
 from contract.earlystop import live_state
+from contract.live import LiveFloors, LiveMemory
 from contract.wire import EarlyStop, Sample
-from service.cli.display import TrialWatch
+from service.cli.display import TrialWatch, status_line
 
 MIB = 2**20
 CLI = [sys.executable, "-m", "service.cli"]
@@ -73,6 +78,34 @@ def test_the_floor_is_per_step_after_the_set_up() -> None:
     )
 
 
+def test_the_floor_tracker_folds_samples_as_a_heartbeat_sends_them() -> None:
+    """contract/live.py, the one definition `run`'s line and a runner's heartbeat use."""
+    floors = LiveFloors()
+    assert floors.state == LiveMemory()  # nothing yet: no memory, no floor
+    floors.add(Sample(t=0.1, rss=900))
+    assert floors.state == LiveMemory(rss=900, steps=0)  # second 0 is still going
+    floors.add(Sample(t=0.6, rss=300))
+    floors.add(Sample(t=1.2, rss=950))  # second 0 is complete: its lowest is the floor
+    assert floors.state == LiveMemory(rss=950, steps=0, floor_first=300, floor=300)
+    floors.add(Sample(t=1.5, rss=400, step=7))  # the first marker: the set-up is no floor
+    assert floors.state == LiveMemory(rss=400, steps=1)
+    for t, rss, step in ((1.6, 380, 7), (1.7, 500, 8), (1.8, 420, 8), (1.9, 460, 9)):
+        floors.add(Sample(t=t, rss=rss, step=step))
+    assert floors.state == LiveMemory(rss=460, steps=3, floor_first=380, floor=420)
+    floors.add(Sample(t=2.0, rss=470, step=1))  # a counter that starts again: never negative
+    assert floors.state == LiveMemory(rss=470, steps=9, floor_first=380, floor=460)
+
+
+def test_the_status_line_says_only_what_is_known() -> None:
+    assert status_line("1.0.6", 4.9, "off") == "1.0.6  elapsed 4s  early stop: off"
+    assert status_line("1.0.6", 65.0, None, rss=80 * MIB) == "1.0.6  elapsed 1m05s  80 MiB"
+    line = status_line("1.0.6", 5.0, "cap only", rss=80 * MIB, steps=35,
+                       floor_first=10 * MIB, floor=47 * MIB)  # fmt: skip
+    assert line == "1.0.6  elapsed 5s  35 steps  80 MiB, floor 10→47  early stop: cap only"
+    no_floor = status_line("1.0.6", 7300.0, "from step 51", rss=80 * MIB, steps=0)
+    assert no_floor == "1.0.6  elapsed 2h01m  0 steps  80 MiB  early stop: from step 51"
+
+
 def _env(home: Path, uv_cache: Path) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if k not in ("COLUMNS", "LINES")}
     return env | {
@@ -89,14 +122,13 @@ def _args(home: Path, *extra: str) -> list[str]:
             "--no-attribute", "--json", "--database-url", db, *extra]  # fmt: skip
 
 
-def test_on_a_terminal_the_line_is_redrawn_in_place_and_stdout_is_the_json(
-    reachable_dir, uv_cache: Path
-) -> None:
-    home = reachable_dir("status-pty")
+def _on_a_terminal(args: list[str], env: dict[str, str]) -> tuple[subprocess.CompletedProcess, str]:
+    """Run `args` with stderr on a pseudo-terminal: the process (its stdout) and all the
+    terminal got."""
     master, slave = pty.openpty()
     fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 40, 120, 0, 0))
-    proc = subprocess.Popen(_args(home), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                            stderr=slave, env=_env(home, uv_cache))  # fmt: skip
+    proc = subprocess.Popen(args, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                            stderr=slave, env=env)  # fmt: skip
     os.close(slave)
     chunks: list[bytes] = []
 
@@ -117,7 +149,16 @@ def test_on_a_terminal_the_line_is_redrawn_in_place_and_stdout_is_the_json(
     finally:
         reader.join(30)
         os.close(master)
-    raw = b"".join(chunks).decode(errors="replace")
+    done = subprocess.CompletedProcess(args, proc.returncode, stdout)
+    return done, b"".join(chunks).decode(errors="replace")
+
+
+def test_on_a_terminal_the_line_is_redrawn_in_place_and_stdout_is_the_json(
+    reachable_dir, uv_cache: Path
+) -> None:
+    home = reachable_dir("status-pty")
+    proc, raw = _on_a_terminal(_args(home), _env(home, uv_cache))
+    stdout = proc.stdout
     assert proc.returncode == 3, raw[-3000:]
     report = json.loads(stdout)
     assert (report["status"], stdout.count(b"\n")) == ("bounds_failed", 1)
@@ -147,3 +188,36 @@ def test_without_a_terminal_plain_lines_come_at_most_every_5_s(
     assert len(per_trial) == 2 and all(per_trial), proc.stderr  # each trial has its lines
     for elapsed in per_trial:  # a line every 5 s at most, not one per sample
         assert all(b - a >= 5 for a, b in zip(elapsed, elapsed[1:], strict=False)), elapsed
+
+
+def test_submit_wait_draws_the_same_line_from_the_runners_heartbeats(
+    reachable_dir, uv_cache: Path, fixture_index: str, tmp_path: Path
+) -> None:
+    """A real `serve` and `runner` (heartbeats every second), `submit --wait --json` with
+    stderr on a terminal: each running trial's line is `run`'s, then its trial and runner,
+    redrawn in place; stdout holds the JSON only."""
+    from tests.test_cli_service import CLI as SERVICE_CLI
+    from tests.test_cli_service import Service, make_env
+
+    svc = Service(tmp_path, make_env(tmp_path, reachable_dir("status-submit"), uv_cache))
+    (tmp_path / "slow.py").write_text(SLOW_REPRO)
+    try:
+        svc.start_serve(f"sqlite:///{tmp_path / 'service.db'}")
+        svc.start_runner("runner-a")
+        args = [*SERVICE_CLI, "submit", str(tmp_path / "slow.py"), "--package", "leakyfixture",
+                "--range", "1.0.0..1.0.5", "--index-url", fixture_index, "--wait", "--json",
+                "--server", svc.url]  # fmt: skip
+        # Wide enough for the trial and runner at the end (Rich reads the width from
+        # COLUMNS here: stdin and stdout are no terminal; a narrower line ends in "…").
+        proc, raw = _on_a_terminal(args, svc.env | {"COLUMNS": "200"})
+    finally:
+        svc.stop()
+    logs = "".join(p.read_text() for p in svc.logs)
+    assert proc.returncode == 3, raw[-3000:] + logs  # both bounds clean: bounds failed
+    report = json.loads(proc.stdout)  # stdout is the JSON alone; the lines are on stderr
+    assert (report["status"], proc.stdout.count(b"\n")) == ("bounds_failed", 1)
+    text = ANSI.sub("", raw)
+    line = LINE.format(state="cap only") + r"  \(trial \d+, r-[0-9a-z]+\)"
+    shown = re.findall("▶ " + line, text)
+    assert shown and any(int(steps) > 0 for _, steps in shown), text[-3000:]
+    assert "\x1b[1A" in raw and "\x1b[2K" in raw  # redrawn in place

@@ -212,7 +212,7 @@ def start(client: ApiClient, job: int | None, payload: dict[str, Any] | None) ->
 def finish(client: ApiClient, job_id: int, page: str, err: Console) -> tuple[JobPublic, str]:
     """Wait for the job; its report and the report's Markdown."""
     try:
-        report = JobPublic.model_validate(wait_for(client, job_id, err, json_=False))
+        report = JobPublic.model_validate(wait_for(client, job_id, err))
         markdown = client.request("GET", f"/jobs/{job_id}/report.md").text
     except KeyboardInterrupt:
         typer.echo(f"stopped waiting; job {job_id} goes on: {page}", err=True)

@@ -1,13 +1,15 @@
 """The live progress display and the final report, drawn with Rich on the terminal.
 
-The running trial of `bisect-cli run` has a status line (`TrialWatch.line`): its candidate,
-the time since it started, the steps its markers span, its memory now and its floor (the
-lowest memory of each step, or of each second while no step marker was seen, the set-up
-before the first marker then dropped: the first complete one's -> the latest's), and what
-the early-stop rule can do now (contract/earlystop.py `live_state`). On a terminal it is
-redrawn in place (`LiveDisplay`); otherwise a plain line every PLAIN_EVERY_S at most
-(`LineProgress`). Samples come from the executor's thread; with `run --jobs N` they carry no
-trial, so the line then has no memory. Nothing here writes to stdout (`--json` owns it).
+A running trial has a status line (`status_line`): its candidate, the time since it started,
+the steps its markers span, its memory now and its floor (the first complete step's -> the
+latest's: contract/live.py, the one definition a runner's heartbeat uses too), and what the
+early-stop rule can do now (contract/earlystop.py `live_state`). `run` draws it from its own
+samples (`TrialWatch`); `submit --wait` from the server's `progress.running` (`JobProgress`),
+which a runner's heartbeats fill. On a terminal it is redrawn in place (`LiveDisplay`,
+`JobProgress`); otherwise a plain line every PLAIN_EVERY_S at most (`LineProgress`,
+`JobProgress`). `run`'s samples come from the executor's thread; with `run --jobs N` they
+carry no trial, so the line then has no memory. Nothing here writes to stdout (`--json` owns
+it).
 
 The client's too (`submit`, `status`, `report`): it reads the API's models only, never the
 tables (`LiveDisplay` and `LineProgress`, `run`'s, are handed table rows but name their
@@ -18,7 +20,7 @@ starts), so it needs no more than the default install.
 import json
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any, NoReturn
 
 import typer
@@ -28,6 +30,7 @@ from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
+from contract.live import LiveFloors
 from contract.wire import EarlyStop, Sample, TrialSpec
 from engine import findings
 from engine.baseenv import FORCED_NOTE
@@ -89,60 +92,59 @@ def duration(seconds: float) -> str:
     return f"{whole // 3600}h{whole % 3600 // 60:02d}m"
 
 
+def status_line(
+    version: str,
+    elapsed_s: float,
+    early_stop: str | None,
+    *,
+    rss: int | None = None,
+    steps: int | None = None,
+    floor_first: int | None = None,
+    floor: int | None = None,
+) -> str:
+    """A running trial's status line, for `run` (`TrialWatch`) and `submit --wait`
+    (`JobProgress`) alike: 1.0.6  elapsed 12s  37 steps  52 MiB, floor 48→50  early stop:
+    cap only. Memory (bytes) and steps only once a sample (a heartbeat) said them; no
+    early-stop words from a server that sends none."""
+    parts = [version, f"elapsed {duration(elapsed_s)}"]
+    if rss is not None:
+        if steps is not None:  # a runner from before heartbeats said steps sends none
+            parts.append(f"{steps} steps")
+        memory = f"{rss / MIB:.0f} MiB"
+        if floor is not None and floor_first is not None:
+            memory += f", floor {floor_first / MIB:.0f}→{floor / MIB:.0f}"
+        parts.append(memory)
+    if early_stop is not None:
+        parts.append(f"early stop: {early_stop}")
+    return "  ".join(parts)
+
+
 @dataclass
 class TrialWatch:
-    """One running trial as its status line shows it (the module docstring says what)."""
+    """One running trial of `run` as its status line shows it: its samples folded as a
+    runner's heartbeat folds them (contract/live.py)."""
 
     label: str  # the candidate's version
     started: float  # time.monotonic() when it started
     early_stop: EarlyStop | None
-    last: Sample | None = None
-    first_step: int | None = None
-    first_floor: int | None = None
-    floor: int | None = None
-    # The step being seen (("s", second) before any marker) and its lowest memory so far.
-    window: tuple[str, int] | None = field(default=None, repr=False)
-    window_low: int = field(default=0, repr=False)
+    floors: LiveFloors = field(default_factory=LiveFloors)
 
     @classmethod
     def of(cls, candidate: "Candidate", trial: "Trial", spec: TrialSpec) -> "TrialWatch":
         return cls(candidate.version, time.monotonic(), spec.early_stop)
 
     def add(self, sample: Sample) -> None:
-        if sample.step is not None and self.first_step is None:
-            # The first marker: what came before it is set-up, never a floor.
-            self.first_step, self.first_floor, self.floor = sample.step, None, None
-            self.window = None
-        key = ("step", sample.step) if sample.step is not None else ("s", int(sample.t))
-        if key == self.window:
-            self.window_low = min(self.window_low, sample.rss)
-        else:
-            if self.window is not None:  # the step (second) before this one is complete
-                self.floor = self.window_low
-                if self.first_floor is None:
-                    self.first_floor = self.floor
-            self.window, self.window_low = key, sample.rss
-        self.last = sample
-
-    def steps(self) -> int:
-        if self.last is None or self.last.step is None or self.first_step is None:
-            return 0
-        return self.last.step - self.first_step + 1
+        self.floors.add(sample)
 
     def line(self, now: float) -> str:
-        """1.0.6  elapsed 12s  37 steps  52 MiB, floor 48→50  early stop: cap only"""
-        parts = [self.label, f"elapsed {duration(now - self.started)}"]
-        if self.last is not None:
-            parts.append(f"{self.steps()} steps")
-            memory = f"{self.last.rss / MIB:.0f} MiB"
-            if self.floor is not None and self.first_floor is not None:
-                memory += f", floor {self.first_floor / MIB:.0f}→{self.floor / MIB:.0f}"
-            parts.append(memory)
-        # numpy, imported by the rules module: `run` has it, the client never draws this line.
+        # numpy, imported by the rules module: `run` has it; the client gets the words from
+        # the server (service/views.py).
         from contract.earlystop import live_state
 
-        parts.append(f"early stop: {live_state(self.early_stop, self.steps())}")
-        return "  ".join(parts)
+        state = self.floors.state
+        memory = asdict(state) if state.rss is not None else {}
+        words = live_state(self.early_stop, state.steps)
+        return status_line(self.label, now - self.started, words, **memory)
 
 
 class LiveDisplay:
@@ -386,20 +388,28 @@ def _progress_text(report: dict[str, Any]) -> str:
 class JobProgress:
     """Progress of a server-side job, from the report dicts `GET /jobs/{id}` returns.
 
-    The same cells as `LiveDisplay` on a terminal (without the live memory
-    line: the server has the samples), plain lines otherwise; `update` is fed
-    each polled report and prints a line per newly judged candidate.
+    The same cells as `LiveDisplay` on a terminal, and the same status line per running trial
+    (`status_line`, from the server's `progress.running`: the runner's last heartbeat and the
+    server's elapsed time, which ticks on here between polls), redrawn in place; plain lines
+    otherwise: a line when a trial starts, its status line at most every PLAIN_EVERY_S. `update`
+    is fed each polled report and prints a line per newly judged candidate.
     """
 
     def __init__(self, console: Console, live: bool) -> None:
         self.console = console
         self.started = time.monotonic()
+        self.polled = self.started  # when `report` came
         self.seen: dict[str, tuple[str | None, int]] = {}
         self.report: dict[str, Any] | None = None
         self.last_text = ""
+        self.announced: set[int] = set()  # running trials a plain line named
+        self.printed = self.started  # the last plain status lines
         self.live = (
-            Live(Text(""), console=console, refresh_per_second=4, transient=True) if live else None
-        )
+            Live(console=console, refresh_per_second=4, transient=True,
+                 get_renderable=self._render)
+            if live
+            else None
+        )  # fmt: skip
 
     def __enter__(self) -> "JobProgress":
         if self.live is not None:
@@ -410,39 +420,59 @@ class JobProgress:
         if self.live is not None:
             self.live.__exit__(*exc)  # type: ignore[arg-type]
 
+    def _running(self) -> list[dict[str, Any]]:
+        return ((self.report or {}).get("progress") or {}).get("running") or []
+
+    def _line(self, r: dict[str, Any], now: float) -> str:
+        """A running trial's status line, then which trial and runner it is."""
+        elapsed = (r.get("elapsed_s") or 0.0) + (now - self.polled)
+        memory = {k: r.get(k) for k in ("rss", "steps", "floor_first", "floor")}
+        line = status_line(r["version"], elapsed, r.get("early_stop"), **memory)
+        return f"{line}  (trial {r['trial']}, {r['runner']})"
+
     def _render(self) -> Group:
         report = self.report or {}
         rows = report.get("candidates") or []
-        running = (report.get("progress") or {}).get("running") or []
+        running = self._running()
         busy = {r["version"] for r in running}
         row = Text()
         for c in rows:
             row.append_text(cell(c["verdict"], c["testable"], c["version"] in busy))
         span = f"{rows[0]['version']} … {rows[-1]['version']}" if rows else report.get("range", "")
-        elapsed = time.monotonic() - self.started
+        now = time.monotonic()
         status = (
             f"{report.get('package', '')} {span}   {report.get('status', '')}   "
-            f"{_progress_text(report)}   elapsed: {elapsed:5.0f}s"
+            f"{_progress_text(report)}   elapsed: {duration(now - self.started)}"
         )
-        lines = [Text(status), row]
-        for r in running:
-            memory = "" if r.get("rss") is None else f"   rss {r['rss'] / 2**20:8.1f} MiB"
-            lines.append(
-                Text(f"running {r['version']} (trial {r['trial']}, {r['runner']}){memory}")
-            )
-        return Group(*lines)
+        lines = [Text(f"▶ {self._line(r, now)}", no_wrap=True, overflow="ellipsis")
+                 for r in running]  # fmt: skip
+        return Group(Text(status), row, *lines)
 
     def update(self, report: dict[str, Any]) -> None:
-        self.report = report
+        self.report, self.polled = report, time.monotonic()
         for c in report.get("candidates") or []:
             key = (c["verdict"], c["trials"])
             if self.seen.get(c["version"], (None, 0)) != key and c["verdict"] is not None:
                 self.console.print(f"  {c['version']}: {c['verdict']} ({c['trials']} trials)")
             self.seen[c["version"]] = key
         if self.live is not None:
-            self.live.update(self._render())
+            self.live.refresh()
             return
         text = f"{report.get('status')}: {_progress_text(report)}"
         if text != self.last_text:
             self.console.print(text)
             self.last_text = text
+        self._plain_lines()
+
+    def _plain_lines(self) -> None:
+        """Not a terminal: a line when a trial starts, status lines every PLAIN_EVERY_S."""
+        now = time.monotonic()
+        running = self._running()
+        for r in running:
+            if r["trial_id"] not in self.announced:
+                self.announced.add(r["trial_id"])
+                self.console.print(f"running {r['version']} (trial {r['trial']}, {r['runner']})")
+        if running and now - self.printed >= PLAIN_EVERY_S:
+            self.printed = now
+            for r in running:
+                self.console.print(f"  {self._line(r, now)}", soft_wrap=True)

@@ -2,9 +2,11 @@
 
 It prints the job's status page (`page_url`, for a person; `--json` has the API's `url` too).
 
-While it waits, each polled answer feeds the progress lines as it came (`JobProgress`); the
-last one is read into `JobPublic` (service/schemas.py) once, and the report is printed from
-that model as `run` prints its own.
+While it waits, each polled answer feeds the progress display as it came (`JobProgress`: the
+cells and each running trial's status line, as `run` draws them, on stderr: redrawn in place
+on a terminal, plain lines otherwise; with `--json` as without, as `run` does, so stdout holds
+only the report); the last one is read into `JobPublic` (service/schemas.py) once, and the
+report is printed from that model as `run` prints its own.
 """
 
 import json
@@ -38,12 +40,11 @@ def fetch_curves(client: ApiClient, report: JobPublic) -> dict[int, list[float]]
 
 
 def wait_for(
-    client: ApiClient, job_id: int, err: Console, json_: bool, poll_s: float = POLL_S
+    client: ApiClient, job_id: int, err: Console, poll_s: float = POLL_S
 ) -> dict[str, Any]:
-    """Poll `GET /jobs/{id}` until the job has finished; its report."""
-    live = sys.stderr.isatty() and not json_
-    quiet = Console(stderr=True, quiet=True) if json_ else err
-    with JobProgress(quiet, live=live) as progress:
+    """Poll `GET /jobs/{id}` until the job has finished, showing its progress on `err`;
+    its report."""
+    with JobProgress(err, live=sys.stderr.isatty()) as progress:
         while True:
             report = client.get_job(job_id)
             progress.update(report)
@@ -98,7 +99,7 @@ def submit(
         if not json_:
             err.print(f"job {job_id}: {url}")
         try:
-            report = JobPublic.model_validate(wait_for(client, job_id, err, json_))
+            report = JobPublic.model_validate(wait_for(client, job_id, err))
             curves = {} if json_ else fetch_curves(client, report)
         except KeyboardInterrupt:
             err.print(

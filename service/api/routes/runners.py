@@ -181,8 +181,9 @@ def heartbeat(
 ) -> HeartbeatAck:
     """Extend the lease by lease_s. 409 when the lease is no longer this runner's."""
     authenticate(session, secret, body.runner_id)
+    live = body.model_dump(include=set(queue.LIVE))
     trial = queue.heartbeat(
-        session, trial_id, body.runner_id, body.attempt, lease_s=settings.lease_s, rss=body.rss
+        session, trial_id, body.runner_id, body.attempt, lease_s=settings.lease_s, live=live
     )
     queue.touch_runner(session, body.runner_id)
     assert trial.lease_expires_at is not None
