@@ -319,7 +319,9 @@ def test_sigkilled_runner_its_container_goes_at_restart_and_the_trial_is_relet(
 
 
 def _ids(client: Any, filters: dict[str, Any]) -> list[str]:
-    return [c.id for c in client.containers.list(all=True, filters=filters)]
+    # sparse: the list as the engine gave it. The default inspects each container after
+    # listing it, and one removed in between (what the caller waits for) raised NotFound.
+    return [c.id for c in client.containers.list(all=True, filters=filters, sparse=True)]
 
 
 def test_a_missing_image_or_cgroup_root_is_one_line_and_exit_1(

@@ -295,8 +295,10 @@ def test_slurmd_killed_mid_trial_bisect_cli_run_submits_it_again_and_finds_1_0_6
 ) -> None:
     shared = reachable_tmp / "shared"
     shared.mkdir()
+    # Three releases around the first bad one: the failure lands in the bounds' check, and
+    # the search after it is the one the example test already follows whole.
     proc = bisect_example(reachable_tmp, uv_cache, "--executor", "slurm", "--slurm-dir",
-                          str(shared))  # fmt: skip
+                          str(shared), "--range", "1.0.5..1.0.7")  # fmt: skip
     try:
         victim = _fail_the_node_under_a_running_trial("leakbisect-run-", node)
         result = finished(proc)
