@@ -91,16 +91,15 @@ def progress_of(session: Session, ids: list[int]) -> dict[int, Progress]:
     return out
 
 
-def running_trials(session: Session, job: Job) -> list[RunningTrial]:
+def running_trials(session: Session, job: Job, trials: Sequence[Trial]) -> list[RunningTrial]:
     """The job's runs that a runner holds now (the ones `trials_running` counts), in the
-    order they were queued."""
+    order they were queued; `trials`: all of the job's (their early-stop settings)."""
     rows = session.exec(
         select(Trial, Candidate.version)
         .join(Candidate, col(Candidate.id) == col(Trial.candidate_id))
         .where(Trial.job_id == job.id, kinds.JUDGED, col(Trial.status) == TrialStatus.LEASED.value)
         .order_by(col(Trial.id))
     ).all()
-    trials = store.trials_of(session, job) if rows else []
     now = utcnow()
     return [
         RunningTrial(
@@ -130,19 +129,24 @@ def early_stop_state(job: Job, trials: Sequence[Trial], trial: Trial) -> str:
     return live_state(specs.early_stop(job, ended), trial.steps or 0)
 
 
-def job_report(session: Session, job: Job) -> Report:
-    """The job's answer and evidence (as `bisect-cli run --json` prints it)."""
+def job_report(session: Session, job: Job, trials: Sequence[Trial] | None = None) -> Report:
+    """The job's answer and evidence (as `bisect-cli run --json` prints it); `trials`: the
+    job's, when the caller has read them already."""
     candidates = store.candidates_of(session, job)
     linked = links(session, job, candidates)  # other owners' jobs are not named
-    return build_report(job, candidates, store.trials_of(session, job), linked)
+    if trials is None:
+        trials = store.trials_of(session, job)
+    return build_report(job, candidates, trials, linked)
 
 
 def job_public(session: Session, job: Job) -> JobPublic:
-    """The report with where the job stands: what `GET /jobs/{id}` answers."""
+    """The report with where the job stands: what `GET /jobs/{id}` answers (polled every
+    second by `submit --wait`: the job's trials are read once for both)."""
     assert job.id is not None
+    trials = store.trials_of(session, job)
     progress = progress_of(session, [job.id])[job.id]
-    progress.running = running_trials(session, job)
-    return with_progress(job_report(session, job), progress, job)
+    progress.running = running_trials(session, job, trials)
+    return with_progress(job_report(session, job, trials), progress, job)
 
 
 def job_markdown(session: Session, job: Job, url: str | None = None) -> str:

@@ -36,13 +36,13 @@ from rich.console import Console
 
 from contract.errors import LeakbisectError
 from contract.wire import API_PREFIX
-from runners.client import ApiClient, ApiError, ApiUnreachable
+from runners.client import ApiClient
 from service.cli.display import render_report
-from service.cli.errors import BAD_INPUT, INTERNAL, OUTCOME_STATUS, fail, fail_with
+from service.cli.errors import INTERNAL, OUTCOME_STATUS, fail, fail_with
 from service.cli.forge import Forge, check_key, comment_api, detect, identity_token, upsert_comment
 from service.cli.options import job_request, with_job_options
 from service.cli.remote import DEFAULT_SERVER, ArgvToken, Server, Token, api_errors, make_client
-from service.cli.submit import wait_for
+from service.cli.submit import following, wait_for
 from service.schemas import JobCreated, JobPublic, Report
 
 DOTENV_PREFIX = "LEAKBISECT_"
@@ -211,15 +211,9 @@ def start(client: ApiClient, job: int | None, payload: dict[str, Any] | None) ->
 
 def finish(client: ApiClient, job_id: int, page: str, err: Console) -> tuple[JobPublic, str]:
     """Wait for the job; its report and the report's Markdown."""
-    try:
+    with following(job_id, page, err):
         report = JobPublic.model_validate(wait_for(client, job_id, err))
         markdown = client.request("GET", f"/jobs/{job_id}/report.md").text
-    except KeyboardInterrupt:
-        typer.echo(f"stopped waiting; job {job_id} goes on: {page}", err=True)
-        raise typer.Exit(130) from None
-    except (ApiError, ApiUnreachable) as exc:
-        code = BAD_INPUT if isinstance(exc, ApiError) and exc.status < 500 else INTERNAL
-        fail(f"{exc} (job {job_id} may still be running: {page})", code)
     return report, markdown
 
 

@@ -12,6 +12,8 @@ report is printed from that model as `run` prints its own.
 import json
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Annotated, Any
 
 import typer
@@ -51,6 +53,22 @@ def wait_for(
             if report["status"] in FINISHED:
                 return report
             time.sleep(poll_s)
+
+
+@contextmanager
+def following(job_id: int, page: str, err: Console) -> Iterator[None]:
+    """While a job is followed (`submit --wait`, `ci`): Ctrl-C stops the waiting, not the
+    job (130); a request that fails is one line saying the job may still be running."""
+    try:
+        yield
+    except KeyboardInterrupt:
+        err.print(
+            f"stopped waiting; job {job_id} goes on: {page} (`bisect-cli cancel {job_id}` stops it)"
+        )
+        raise typer.Exit(130) from None
+    except (ApiError, ApiUnreachable) as exc:
+        code = BAD_INPUT if isinstance(exc, ApiError) and exc.status < 500 else INTERNAL
+        fail(f"{exc} (job {job_id} may still be running: {page})", code)
 
 
 Wait = Annotated[
@@ -98,17 +116,8 @@ def submit(
             raise typer.Exit(0)
         if not json_:
             err.print(f"job {job_id}: {url}")
-        try:
+        with following(job_id, url, err):
             report = JobPublic.model_validate(wait_for(client, job_id, err))
             curves = {} if json_ else fetch_curves(client, report)
-        except KeyboardInterrupt:
-            err.print(
-                f"stopped waiting; job {job_id} goes on: {url} "
-                f"(`bisect-cli cancel {job_id}` stops it)"
-            )
-            raise typer.Exit(130) from None
-        except (ApiError, ApiUnreachable) as exc:
-            code = BAD_INPUT if isinstance(exc, ApiError) and exc.status < 500 else INTERNAL
-            fail(f"{exc} (job {job_id} may still be running: {url})", code)
     # The same report as `bisect-cli run --json`: the server's extras are not part of it.
     print_report(report.report(), curves, json_)
