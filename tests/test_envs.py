@@ -105,8 +105,11 @@ def test_build_installs_the_candidate_and_reuses_it(build, cache_dir: Path) -> N
     spec = EnvSpec(package="leakyfixture", version="1.0.2", index_url=build.index_url)
     assert Path(first.path) == build.root / publish.LOCAL_OWNER / spec_hash(spec)
     assert first.python_executable == str(Path(first.path) / "bin" / "python")
+    # -B: run as root, this import could write bytecode into the published environment (a
+    # trial runs as the trial user and cannot), and the reuse below would see changed files.
     out = subprocess.run(
-        [first.python_executable, "-c", "import leakyfixture; print(leakyfixture.__version__)"],
+        [first.python_executable, "-B", "-c",
+         "import leakyfixture; print(leakyfixture.__version__)"],
         capture_output=True, text=True, check=True,
     )  # fmt: skip
     assert out.stdout.strip() == "1.0.2"

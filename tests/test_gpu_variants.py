@@ -44,6 +44,12 @@ class Run:
         shared = [s.shared for s in self.ex.samples if s.shared is not None]
         return max(shared) - shared[0]
 
+    def spike_height(self) -> int:
+        """How far shared memory rose above where it fell back to after its peak."""
+        shared = [s.shared for s in self.ex.samples if s.shared is not None]
+        peak = shared.index(max(shared))
+        return shared[peak] - min(shared[peak:])
+
 
 def run_variant(
     fake: FakeCuda,
@@ -126,8 +132,10 @@ def test_pinned_reuse_with_spikes_is_not_a_leak(fake: FakeCuda, trial_dir: Path)
     assert run.ex.exit_code == 0
     assert run.r.verdict in (Verdict.CLEAN, Verdict.PLATEAU)
     assert run.r.host.verdict in (Verdict.CLEAN, Verdict.PLATEAU)
-    # The 64 MiB checkpoint spikes were really there, in shared memory.
-    assert run.shared_growth() >= 64 * MiB + 16 * MiB
+    # The 64 MiB checkpoint spikes were really there, in shared memory, and were freed. (Not
+    # measured from the first sample: how much of the two 8 MiB buffers that one already
+    # holds depends on how soon the script starts.)
+    assert run.spike_height() >= 64 * MiB
 
 
 def test_oom_ending_is_a_leak(fake: FakeCuda, trial_dir: Path) -> None:
