@@ -86,6 +86,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from contract.floors import Judged, block_floors, judged_part, largest_drop, steps_done
+from contract.theilsen import theilslopes
 from contract.wire import MIN_HORIZON_S, EarlyStop, EarlyStopRecord
 
 MIB = 1024 * 1024
@@ -153,8 +154,6 @@ def _leak(
     fx: np.ndarray, floors: np.ndarray, wide: np.ndarray, part: Judged, es: EarlyStop,
     confidence: float,
 ) -> str | None:  # fmt: skip
-    from scipy.stats import theilslopes  # about a second to import; only trials with a horizon
-
     window, per = part.window, part.per
     slope, _, low, _ = theilslopes(floors, fx, alpha=confidence)
     threshold = _threshold(es, float(floors[0]))

@@ -81,6 +81,7 @@ from typing import Any
 import numpy as np
 
 from contract.floors import block_floors, judged_part, largest_drop, step_index, step_ratio
+from contract.theilsen import theilslopes
 from engine.verdicts import Verdict
 
 MIB = 1024 * 1024
@@ -429,9 +430,6 @@ def _fit_floors(
     fx: np.ndarray, floors: np.ndarray, wide: np.ndarray, window: float, s: ClassifierSettings
 ) -> dict[str, Any]:
     """The numbers the rules read, named as `SeriesAnalysis` fields."""
-    # Imported here: scipy.stats costs about a second, and the CLI's other commands don't judge.
-    from scipy.stats import theilslopes
-
     slope, _, low, high = theilslopes(floors, fx, alpha=s.confidence)
     slope, low, high = float(slope), float(low), float(high)
     n_late = min(len(floors), max(s.late_min_blocks, math.ceil(s.late_fraction * len(floors))))

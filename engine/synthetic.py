@@ -33,7 +33,6 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
-from scipy.signal import lfilter
 
 MIB = 1024 * 1024
 
@@ -118,6 +117,9 @@ def ar1_noise(
     innovations = rng.standard_normal(n) * sigma * np.sqrt(1.0 - phi * phi)
     # Start in the stationary distribution so the first samples are not special.
     zi = np.array([phi * rng.standard_normal() * sigma])
+    # scipy is a development dependency: synthetic traces are for the tests and benchmarks.
+    from scipy.signal import lfilter
+
     out, _ = lfilter([1.0], [1.0, -phi], innovations, zi=zi)
     return out
 
