@@ -27,6 +27,7 @@ from sqlalchemy.exc import OperationalError  # noqa: E402
 
 from service.example.fixture import build_fixture  # noqa: E402
 from service.example.index import serve_index  # noqa: E402
+from tests.schedule import CONTAINER_MODULES  # noqa: E402
 
 
 @pytest.fixture(scope="session")
@@ -115,11 +116,6 @@ PG_ADMIN_URL = os.environ.get(
 )
 
 
-# The modules that start containers: some check that no container of a kind is left on
-# the whole engine, so they never run beside each other (`_containers_alone`).
-DOCKER_MODULES = {"test_docker_executor", "test_docker_compose", "test_docker_gpu"}
-
-
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         # One source for the `postgres` marker:
@@ -133,10 +129,10 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 @pytest.fixture(scope="module", autouse=True)
 def _containers_alone(request: pytest.FixtureRequest) -> Iterator[None]:
-    """Under pytest-xdist (pyproject's addopts: three workers, `--dist loadfile`, so a module's
+    """Under pytest-xdist (pyproject's addopts: four workers, `--dist loadfile`, so a module's
     tests and its module-scoped fixtures stay on one worker) the modules that start
     containers take turns: an inter-process lock held for the whole module."""
-    if request.module.__name__.rsplit(".", 1)[-1] not in DOCKER_MODULES:
+    if request.module.__name__.rsplit(".", 1)[-1] not in CONTAINER_MODULES:
         yield
         return
     with open(Path(tempfile.gettempdir()) / "leakbisect-tests-docker.lock", "w") as lock:

@@ -27,11 +27,12 @@ from xdist.workermanage import WorkerController
 
 DURATIONS = Path(__file__).with_name("durations.json")
 
+# The modules that start containers: some check that no container of a kind is left on the
+# whole engine, so they take turns (tests/conftest.py `_containers_alone` holds a lock).
+CONTAINER_MODULES = ("test_docker_executor", "test_docker_compose", "test_docker_gpu")
 # Modules that should not run beside another module of their group.
 GROUPS: dict[str, str] = {
-    "tests/test_docker_executor.py": "containers",
-    "tests/test_docker_compose.py": "containers",
-    "tests/test_docker_gpu.py": "containers",
+    **{f"tests/{name}.py": "containers" for name in CONTAINER_MODULES},
     "tests/test_neighbours_e2e.py": "loads the machine",
     "tests/test_bench.py": "loads the machine",
 }
