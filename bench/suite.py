@@ -124,11 +124,23 @@ def report(modules: list[dict[str, Any]], whole: dict[str, Any], summary: str, w
     return "\n".join(lines)
 
 
+def split_args(argv: list[str]) -> tuple[list[str], list[str]]:
+    """The bench's own arguments, and pytest's (those after ``--``)."""
+    if "--" not in argv:
+        return argv, []
+    cut = argv.index("--")
+    return argv[:cut], argv[cut + 1 :]
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    ours, pytest_args = (argv[: argv.index("--")], argv[argv.index("--") + 1 :]) \
-        if "--" in argv else (argv, [])  # fmt: skip
-    ap = argparse.ArgumentParser(prog="bench.suite", description=__doc__.split("\n\n")[0])
+    ours, pytest_args = split_args(argv)
+    ap = argparse.ArgumentParser(
+        prog="bench.suite",
+        usage="uv run python -m bench.suite [--out PATH] [--durations PATH] [-- PYTEST_ARGS...]",
+        description="Run the test suite and write where its time goes.",
+        epilog="Arguments after -- go to pytest (pyproject's addopts apply).",
+    )
     ap.add_argument("--out", type=Path, default=DEFAULT_OUT,
                     help="the Markdown report (default: docs/bench-suite.md)")  # fmt: skip
     ap.add_argument("--durations", type=Path, default=DEFAULT_DURATIONS,

@@ -9,18 +9,20 @@ CPU; the controller's line (``"module": "*"``) holds the whole machine's busy ti
 ``/proc/stat`` over the run, which does include it.
 """
 
+from __future__ import annotations
+
 import json
 import os
 import resource
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
-_current: dict[str, object] = {}
-
 
 def _cpu() -> tuple[float, float]:
+    """CPU seconds so far: this process's own, and its reaped children's."""
     own = resource.getrusage(resource.RUSAGE_SELF)
     kids = resource.getrusage(resource.RUSAGE_CHILDREN)
     return own.ru_utime + own.ru_stime, kids.ru_utime + kids.ru_stime
@@ -40,63 +42,79 @@ def _write(record: dict[str, object]) -> None:
             f.write(json.dumps(record) + "\n")
 
 
-def _close() -> None:
-    if not _current:
-        return
-    own, kids = _cpu()
-    _write(
-        {
-            "module": _current["module"],
-            "worker": _worker,
-            "start": _current["start"],
-            "wall_s": round(time.time() - float(_current["start"]), 2),  # type: ignore[arg-type]
-            "own_cpu_s": round(own - float(_current["own"]), 2),  # type: ignore[arg-type]
-            "child_cpu_s": round(kids - float(_current["kids"]), 2),  # type: ignore[arg-type]
-            "tests": _current["tests"],
+@dataclass
+class _Module:
+    """The module this worker is running: when it started and the CPU counters then."""
+
+    name: str
+    start: float
+    own: float
+    kids: float
+    tests: int = 1
+
+    @classmethod
+    def starting(cls, name: str) -> _Module:
+        own, kids = _cpu()
+        return cls(name, time.time(), own, kids)
+
+    def record(self, worker: str) -> dict[str, object]:
+        own, kids = _cpu()
+        return {
+            "module": self.name,
+            "worker": worker,
+            "start": self.start,
+            "wall_s": round(time.time() - self.start, 2),
+            "own_cpu_s": round(own - self.own, 2),
+            "child_cpu_s": round(kids - self.kids, 2),
+            "tests": self.tests,
         }
-    )
-    _current.clear()
 
 
-def pytest_runtest_logstart(nodeid: str, location: tuple[str, int | None, str]) -> None:
-    if _is_controller:
-        return  # xdist's controller hears every worker's tests, interleaved
-    module = nodeid.split("::", 1)[0]
-    if _current.get("module") == module:
-        _current["tests"] = int(_current["tests"]) + 1  # type: ignore[call-overload]
-        return
-    _close()
-    own, kids = _cpu()
-    _current.update(module=module, start=time.time(), own=own, kids=kids, tests=1)
+@dataclass
+class _State:
+    worker: str = "main"  # xdist's worker id, or "main" for the controller or a plain run
+    controller: bool = False  # xdist's controller: it hears every worker's tests, interleaved
+    module: _Module | None = None
+    busy_at_start: tuple[float, float] | None = None  # (time, machine busy) on the controller
+
+    def close_module(self) -> None:
+        if self.module is not None:
+            _write(self.module.record(self.worker))
+            self.module = None
 
 
-_is_controller = False
-_worker = "main"
+_state = _State()
 
 
 def pytest_configure(config: pytest.Config) -> None:
     # A worker is told so by xdist (`workerinput`), not by the environment, which a pytest
     # run inside a worker's test inherits.
-    global _is_controller, _worker
     workerinput = getattr(config, "workerinput", None)
-    _worker = workerinput["workerid"] if workerinput else "main"
-    _is_controller = workerinput is None and bool(getattr(config.option, "numprocesses", None))
+    _state.worker = workerinput["workerid"] if workerinput else "main"
+    _state.controller = workerinput is None and bool(getattr(config.option, "numprocesses", 0))
 
 
 @pytest.hookimpl(trylast=True)
 def pytest_sessionstart(session: pytest.Session) -> None:
-    if _worker == "main":
-        session.config.stash[_busy_key] = (time.time(), _machine_busy())
+    if _state.worker == "main":
+        _state.busy_at_start = (time.time(), _machine_busy())
 
 
-_busy_key = pytest.StashKey[tuple[float, float]]()
+def pytest_runtest_logstart(nodeid: str, location: tuple[str, int | None, str]) -> None:
+    if _state.controller:
+        return
+    name = nodeid.split("::", 1)[0]
+    if _state.module is not None and _state.module.name == name:
+        _state.module.tests += 1
+        return
+    _state.close_module()
+    _state.module = _Module.starting(name)
 
 
 def pytest_sessionfinish(session: pytest.Session) -> None:
-    _close()
-    started = session.config.stash.get(_busy_key, None)
-    if started is not None:
-        t0, busy0 = started
+    _state.close_module()
+    if _state.busy_at_start is not None:
+        t0, busy0 = _state.busy_at_start
         _write(
             {
                 "module": "*",

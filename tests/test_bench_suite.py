@@ -49,3 +49,13 @@ def test_the_suite_bench_says_so_when_pytest_ran_nothing(tmp_path: Path) -> None
         proc.stdout.splitlines()[-1] == "bench.suite: pytest ran no test (exit 4); nothing written"
     )
     assert not (tmp_path / "s.md").exists() and not (tmp_path / "d.json").exists()
+
+
+def test_the_suite_bench_refuses_an_unknown_option_before_running_anything() -> None:
+    proc = subprocess.run(
+        [sys.executable, "-m", "bench.suite", "--bogus"],
+        cwd=ROOT, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert proc.returncode == 2
+    assert proc.stderr.splitlines()[-1] == "bench.suite: error: unrecognized arguments: --bogus"
+    assert proc.stdout == ""
