@@ -12,14 +12,14 @@ from pathlib import Path
 
 import pytest
 
-# A machine that sets PYTHONDONTWRITEBYTECODE (this one and CI do) has every Python process
-# compile each module it imports from source. The suite starts about 2,700 of them over the
-# same sources (the CLI, servers, runners, benchmarks), so here Python keeps its bytecode
-# cache as it does by default: `import service.cli.run` takes 0.87 s of CPU against 1.55 s,
-# and the machine's CPU over a whole run fell from 1302 to 1154 s (docs/bench-suite.md is
-# the run after). Set before the workers start, so they and every process
-# they start inherit it; processes of the trial and build users cannot write to these
-# trees and compile as before. (Set here, the imports below are cached too.)
+# A machine that sets PYTHONDONTWRITEBYTECODE (this one does, in its environment) has every
+# Python process compile each module it imports from source. The suite starts about 2,700 of
+# them over the same sources (the CLI, servers, runners, benchmarks), so here Python keeps
+# its bytecode cache as it does by default: `import service.cli.run` takes 0.87 s of CPU
+# against 1.55 s, and the machine's CPU over a whole run fell from 1302 to 1154 s
+# (docs/bench-suite.md is the run after). Set before the workers start, so they and every
+# process they start inherit it; processes of the trial and build users cannot write to
+# these trees and compile as before. (Set here, the imports below are cached too.)
 sys.dont_write_bytecode = False
 os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
 
