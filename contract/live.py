@@ -21,7 +21,7 @@ Each `add` replaces `state` (a frozen `LiveMemory`) in one assignment, so a read
 thread (the agent's heartbeat) always sees one sample's whole state, never half of two.
 """
 
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass, fields
 
 from contract.wire import Sample
 
@@ -35,6 +35,15 @@ class LiveMemory:
     steps: int = 0
     floor_first: int | None = None
     floor: int | None = None
+
+    def said(self) -> dict[str, int | None]:
+        """The fields by name once a sample came (what a heartbeat sends, what a status line
+        draws); none before."""
+        return asdict(self) if self.rss is not None else {}
+
+
+# The names of those fields: a heartbeat's, a `Trial` column's and a status line's alike.
+LIVE_FIELDS = tuple(f.name for f in fields(LiveMemory))
 
 
 class LiveFloors:

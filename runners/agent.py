@@ -49,7 +49,6 @@ Every event is one log line through ``log`` (default: stderr, with a time).
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import os
 import platform
 import signal
@@ -416,8 +415,7 @@ class Agent:
     def _heartbeat(self, trial: _Trial) -> str | None:
         """Extend the lease; the reason when it is lost (409), else None."""
         assert self.runner_id is not None
-        state = trial.memory.state  # one sample's whole state (contract/live.py)
-        live = dataclasses.asdict(state) if state.rss is not None else {}
+        live = trial.memory.state.said()  # one sample's whole state (contract/live.py)
         try:
             self.client.heartbeat(
                 trial.spec.trial_id,

@@ -11,7 +11,7 @@ Lease rules
   anything else raises `StaleLease` (the API answers 409 and the runner kills its trial). A trial
   id that does not exist raises `TrialNotFound`.
 - A heartbeat moves the deadline to `now + lease_s` and notes what the trial's status line
-  shows (`LIVE`: its memory, steps and floors, contract/live.py), each None where the runner
+  shows (`LIVE_FIELDS`: its memory, steps and floors, contract/live.py), each None where the runner
   did not say; a trial back in the queue has none of them, so the next lease starts blank.
 - When the API starts it renews every lease to at least `now + lease_s` (`renew_leases`):
   nobody could heartbeat or report while it was down, so an outage of any length costs no
@@ -69,7 +69,6 @@ report is stored only under the lease it names, exactly as before, and no other 
 waits on the write lock while a report is classified.
 """
 
-import dataclasses
 import threading
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
@@ -80,15 +79,12 @@ from sqlalchemy import false, func, update
 from sqlmodel import Session, col, select
 
 from contract.errors import Conflict
-from contract.live import LiveMemory
+from contract.live import LIVE_FIELDS
 from engine.verdicts import Verdict
 from service.models import Job, JobStatus, Runner, Trial, TrialStatus, utcnow
 from service.store import TrialNotFound
 
 OPEN_JOBS = (JobStatus.QUEUED, JobStatus.RUNNING)
-# What a heartbeat notes of its trial: the status line's fields, each a `Trial` column of the
-# same name (service/models.py).
-LIVE = tuple(f.name for f in dataclasses.fields(LiveMemory))
 
 # Back in the queue with no trace of the lease; the attempt count is the caller's choice.
 _REQUEUE: dict[str, Any] = {
@@ -96,7 +92,7 @@ _REQUEUE: dict[str, Any] = {
     "runner_id": None,
     "lease_expires_at": None,
     "started_at": None,
-    **dict.fromkeys(LIVE),
+    **dict.fromkeys(LIVE_FIELDS),  # the status line's fields, `Trial` columns too
 }
 
 
@@ -196,9 +192,9 @@ def heartbeat(
     now: datetime | None = None,
 ) -> Trial:
     """Extend the lease to now + lease_s, noting the trial's status line (`live`, by the
-    names in `LIVE`; a name it lacks is None)."""
+    names in `LIVE_FIELDS`; a name it lacks is None)."""
     deadline = (now or utcnow()) + timedelta(seconds=lease_s)
-    noted = {name: (live or {}).get(name) for name in LIVE}
+    noted = {name: (live or {}).get(name) for name in LIVE_FIELDS}
     _checked(session, trial_id, runner_id, attempt, {"lease_expires_at": deadline, **noted})
     session.commit()
     return _load(session, trial_id)

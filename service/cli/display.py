@@ -20,7 +20,7 @@ starts), so it needs no more than the default install.
 import json
 import threading
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, NoReturn
 
 import typer
@@ -30,7 +30,7 @@ from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
-from contract.live import LiveFloors
+from contract.live import LIVE_FIELDS, LiveFloors
 from contract.wire import EarlyStop, Sample, TrialSpec
 from engine import findings
 from engine.baseenv import FORCED_NOTE
@@ -142,9 +142,8 @@ class TrialWatch:
         from contract.earlystop import live_state
 
         state = self.floors.state
-        memory = asdict(state) if state.rss is not None else {}
         words = live_state(self.early_stop, state.steps)
-        return status_line(self.label, now - self.started, words, **memory)
+        return status_line(self.label, now - self.started, words, **state.said())
 
 
 class LiveDisplay:
@@ -426,7 +425,7 @@ class JobProgress:
     def _line(self, r: dict[str, Any], now: float) -> str:
         """A running trial's status line, then which trial and runner it is."""
         elapsed = (r.get("elapsed_s") or 0.0) + (now - self.polled)
-        memory = {k: r.get(k) for k in ("rss", "steps", "floor_first", "floor")}
+        memory = {k: r.get(k) for k in LIVE_FIELDS}
         line = status_line(r["version"], elapsed, r.get("early_stop"), **memory)
         return f"{line}  (trial {r['trial']}, {r['runner']})"
 

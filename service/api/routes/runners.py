@@ -25,6 +25,7 @@ from sqlalchemy.engine import Engine
 from sqlmodel import Session
 
 from contract.errors import Forbidden, InvalidInput, NotFound
+from contract.live import LIVE_FIELDS
 from contract.wire import (
     RUNNER_SECRET_HEADER,
     Heartbeat,
@@ -181,7 +182,7 @@ def heartbeat(
 ) -> HeartbeatAck:
     """Extend the lease by lease_s. 409 when the lease is no longer this runner's."""
     authenticate(session, secret, body.runner_id)
-    live = body.model_dump(include=set(queue.LIVE))
+    live = body.model_dump(include=set(LIVE_FIELDS))
     trial = queue.heartbeat(
         session, trial_id, body.runner_id, body.attempt, lease_s=settings.lease_s, live=live
     )
