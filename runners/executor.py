@@ -58,6 +58,7 @@ import os
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
@@ -75,6 +76,7 @@ from runners.watch import (
     STDERR_TAIL_BYTES,
     Execution,
     Output,
+    Readings,
     WatchArgs,
     Watched,
     watch,
@@ -164,6 +166,16 @@ class _TreeSource:
         self.run.stop()
 
 
+@dataclass(frozen=True)
+class _Rules:
+    """How a run is watched: its timeout (from its start), sample rate, early stop, callback."""
+
+    timeout_s: float
+    sample_hz: float
+    early_stop: EarlyStop | None
+    on_sample: Callable[[Sample], None] | None
+
+
 class _ScriptRun:
     """One script under its supervisor, cap, sampler and output readers."""
 
@@ -197,8 +209,11 @@ class _ScriptRun:
         self.duration = 0.0
         self.swept = 0
 
-    def start(self, *, sample_hz: float, gpu: GpuProbe | None) -> None:
+    def start(self, rules: _Rules, gpu: GpuProbe | None) -> None:
+        """Start the script, its sampler and its output readers (after `Readings`, so
+        every marker is read); `rules` are the watch's (`wait`)."""
         cap = self.cap
+        sample_hz = rules.sample_hz
         self.t0 = time.monotonic()
         proc = self.supervised.start()
         watchdog = cap.method == "watchdog"
@@ -217,7 +232,11 @@ class _ScriptRun:
             on_watchdog=self._watchdog,
         )
         self.sampler.attach()
-        self.out = Output(self.t0)
+        args = WatchArgs(t0=self.t0, deadline=self.t0 + rules.timeout_s, sample_hz=sample_hz,
+                         memory_limit_bytes=cap.limit_bytes, early_stop=rules.early_stop,
+                         on_sample=rules.on_sample)  # fmt: skip
+        self.readings = Readings(_TreeSource(self), args)
+        self.out = Output(self.t0, on_marker=self.readings.at_marker)
         assert proc.stdout is not None and proc.stderr is not None
         self.readers = [
             threading.Thread(target=self.out.read_stdout, args=(proc.stdout,), daemon=True),
@@ -230,20 +249,10 @@ class _ScriptRun:
         self.cap.trip()
         self.supervised.stop()
 
-    def wait(
-        self,
-        timeout_s: float,
-        *,
-        sample_hz: float,
-        early_stop: EarlyStop | None = None,
-        on_sample: Callable[[Sample], None] | None = None,
-    ) -> None:
+    def wait(self) -> None:
         """Until the script exits, the timeout passes or the early-stop rule fires
         (`runners.watch.watch`)."""
-        args = WatchArgs(t0=self.t0, deadline=time.monotonic() + timeout_s, sample_hz=sample_hz,
-                         memory_limit_bytes=self.cap.limit_bytes, early_stop=early_stop,
-                         on_sample=on_sample)  # fmt: skip
-        self.seen = watch(_TreeSource(self), self.out, args)
+        self.seen = watch(self.readings, self.out)
 
     def stop(self) -> None:
         """End the tree now (timeout, early stop, interrupt) and wait for the supervisor."""
@@ -370,11 +379,11 @@ def run_script(
             cap, [python, str(script), *args], cwd=cwd, env=script_env(env, cwd), run_as=who,
             pids_limit=pids_limit,
         )  # fmt: skip
-        run.start(sample_hz=sample_hz, gpu=gpu)
+        run.start(_Rules(timeout_s, sample_hz, early_stop, on_sample), gpu)
         try:
             if on_start is not None:
                 on_start(TrialKill(run.supervised))
-            run.wait(timeout_s, sample_hz=sample_hz, early_stop=early_stop, on_sample=on_sample)
+            run.wait()
         except BaseException:
             # Interrupted (KeyboardInterrupt, a stale lease...): never leave the tree running.
             run.stop()

@@ -5,19 +5,34 @@ container, `runners.docker.watch`) to its end. What differs between the executor
 `SampleSource`: how one sample is taken, how the run's end is seen, how the run is ended.
 Everything else is here, once:
 
-* Deadline: at ``deadline`` (a `time.monotonic` instant: the local executor's is
-  ``timeout_s`` after its wait begins, the container's ``timeout_s`` after it started)
-  the run is ended (`SampleSource.stop`) and ``timed_out`` is set.
+* Deadline: at ``deadline`` (a `time.monotonic` instant: ``timeout_s`` after the run
+  started, for both executors) the run is ended (`SampleSource.stop`) and ``timed_out`` is set.
 * Early stop: with `EarlyStop` settings the run's `contract.earlystop.EarlyStopper` looks
   every ``look_every_s`` (the first at ``look_every_s``) at the samples so far and the step
   markers they reach (`contract.earlystop.seen_by_samples`); when it fires the run is
   ended as for a timeout and ``stopped_early`` says why (``timed_out`` stays False).
-* The sample clock: a sample at once, then every 1/``hz`` s, at ``FAST_HZ`` during the
-  first ``FAST_S`` seconds when ``hz`` is slower (a repro of a few seconds still gets
-  enough points per step; an hours-long run's series stays small); a loop that fell
-  behind (suspended, overloaded) does not burst. Each sample carries the last step marker
-  seen (None before the first) and goes to ``on_sample`` (a failing callback is logged
-  once and never stops the watch).
+* The sample rate keeps pace with the run (`Pace`), so a repro whose whole loop takes a
+  fraction of a second is read as surely as a paced minute. A run's *age* is the time since
+  it started or, once its first step marker came, since that marker, whichever is shorter:
+  a long set-up (a framework imported on a busy machine) must not use up the fast start
+  before the loop begins.
+  - The clock: a reading at once, then every 1/``hz`` s, faster while the run is young
+    (`CLOCK`): 200 Hz for its first 2 s, so a run of 0.1 s without markers still has 20
+    readings, and 50 Hz until 30 s, so a run of seconds has hundreds; an hour-long run's
+    series stays small.
+  - The markers: a reading at every step marker, taken as the marker is read (the reader
+    thread calls back: `Output.on_marker`) and labelled with the step it starts, so every
+    step has a floor however short it is: a 0.3 s run of 50 steps has 50. While the run is
+    young (its first ``FAST_S`` s) at most ``MARKER_HZ`` a second on average (a token
+    bucket of ``MARKER_BURST``: markers that reach the reader together, as they do when the
+    machine is busy, are each read) and at most ``MARKER_BUDGET`` of them; after that no
+    closer than the clock's period to the previous reading.
+    What a verdict needs is counted in steps (engine/analysis.py: 21 markers of 1 ms or
+    more are always enough), and by then the clock alone gives each block its samples.
+  A loop that fell behind (suspended, overloaded) does not burst. Each reading carries the
+  last step marker seen (None before the first) and goes to ``on_sample`` (a failing
+  callback is logged once and never stops the watch). Readings are taken one at a time
+  (a lock), so their times never decrease.
 * The end: between samples the loop waits on the source's end (`SampleSource.wait_end`),
   so an exit, a kill from another thread or a source that saw its run die ends the loop
   at once.
@@ -45,8 +60,15 @@ log = logging.getLogger(__name__)
 LOG_TAIL_BYTES = 4096
 STDERR_TAIL_BYTES = 2048
 _MAX_LINE = 64 * 1024  # longer lines are split; a runaway print cannot eat the runner's memory
-FAST_HZ = 50.0
-FAST_S = 30.0
+# The clock while the run is young: (age below which, readings a second).
+CLOCK = ((2.0, 200.0), (30.0, 50.0))
+FAST_S = CLOCK[-1][0]
+# Marker readings while the run is young: every step of 1 ms or more gets its reading. A
+# reading costs about 100 us of CPU for a small tree, so the budget bounds a loop of short
+# steps to about 0.3 s of CPU in all (docs/benchmarks.md, section 4, measures it).
+MARKER_HZ = 1000.0
+MARKER_BURST = 20
+MARKER_BUDGET = 3000
 
 
 @dataclass
@@ -98,15 +120,19 @@ class _Tail:
 
 
 class Output:
-    """Reads a run's stdout (markers) and stderr into tails; ``t0`` is the run's clock."""
+    """Reads a run's stdout (markers) and stderr into tails; ``t0`` is the run's clock.
 
-    def __init__(self, t0: float):
+    ``on_marker`` (`Readings.at_marker`) is called on the reader's thread with each
+    marker's step, after the marker is recorded: a reading is taken there."""
+
+    def __init__(self, t0: float, on_marker: Callable[[int], None] | None = None):
         self.t0 = t0
         self.lock = threading.Lock()
         self.merged = _Tail(LOG_TAIL_BYTES)
         self.stderr = _Tail(LOG_TAIL_BYTES)
         self.steps: list[tuple[float, int]] = []
         self._last_step = 0
+        self.on_marker = on_marker
 
     def read_stdout(self, f: IO[bytes]) -> None:
         for raw in iter(lambda: f.readline(_MAX_LINE), b""):
@@ -118,6 +144,8 @@ class Output:
                 self._last_step = step
                 with self.lock:
                     self.steps.append((t, step))
+                if self.on_marker is not None:
+                    self.on_marker(step)
                 continue
             with self.lock:
                 self.merged.add(line)
@@ -194,52 +222,130 @@ class WatchArgs:
     on_sample: Callable[[Sample], None] | None = None
 
 
-class _Clock:
-    """When the next sample is due (see the module docstring)."""
+class Pace:
+    """When the next reading is due, by the clock or at a marker (the module docstring)."""
 
-    def __init__(self, hz: float, began: float) -> None:
+    def __init__(self, hz: float, began: float, now: float) -> None:
         self.period = 1.0 / hz
-        self.fast = min(self.period, 1.0 / FAST_HZ)
-        self.began = self.next_at = began
+        self.began = began  # when the run started
+        self.next_at = now  # a reading at once
+        self.loop: float | None = None  # when the first marker came
+        self.last = float("-inf")  # when the last reading was taken
+        self.at_markers = 0  # marker readings taken while young
+        self.tokens = float(MARKER_BURST)  # the marker readings' bucket, filled at MARKER_HZ
+
+    def age(self, now: float) -> float:
+        return now - (self.began if self.loop is None else self.loop)
+
+    def clock_period(self, now: float) -> float:
+        age = self.age(now)
+        fast = [1.0 / hz for below, hz in CLOCK if age < below]
+        return min(fast[0], self.period) if fast else self.period
 
     def due(self, now: float) -> bool:
         return now >= self.next_at
 
-    def advance(self, now: float) -> None:
-        self.next_at += self.fast if self.next_at - self.began < FAST_S else self.period
+    def first_marker(self, now: float) -> None:
+        """The loop begins: the run is young again."""
+        if self.loop is None:
+            self.loop = now
+            self.next_at = min(self.next_at, now + self.clock_period(now))
+
+    def young(self, now: float) -> bool:
+        """Marker readings are fast: the run is young and their budget is not spent."""
+        return self.age(now) < FAST_S and self.at_markers < MARKER_BUDGET
+
+    def marker_due(self, now: float) -> bool:
+        if self.young(now):
+            refill = (now - max(self.last, self.began)) * MARKER_HZ
+            return self.tokens + refill >= 1.0
+        return now - self.last >= self.clock_period(now)
+
+    def taken(self, now: float, by_clock: bool) -> None:
+        refill = (now - max(self.last, self.began)) * MARKER_HZ
+        self.tokens = min(float(MARKER_BURST), self.tokens + refill)
+        self.last = now
+        if not by_clock:
+            if self.young(now):
+                self.tokens -= 1.0
+                self.at_markers += 1
+            return
+        self.next_at += self.clock_period(self.next_at)
         if self.next_at < now:  # fell behind: do not burst
-            self.next_at = now + self.period
+            self.next_at = now + self.clock_period(now)
 
 
-def watch(source: SampleSource, out: Output, args: WatchArgs) -> Watched:
-    """Follow one started run to its end (see the module docstring)."""
-    seen = Watched()
+class Readings:
+    """The run's readings, one at a time: by the watch loop's clock (`tick`) and at each
+    marker (`at_marker`, on the stdout reader's thread). Made before the run's output is
+    read, so the first markers are read too, however late the watch loop starts on a busy
+    machine; closed once the watch ends: a marker read after that is not sampled."""
+
+    def __init__(self, source: SampleSource, args: WatchArgs) -> None:
+        self.source, self.args = source, args
+        self.seen = Watched()
+        self.pace = Pace(args.sample_hz, args.t0, time.monotonic())
+        self.report = _Callback(args.on_sample)
+        self.lock = threading.Lock()
+        self.closed = False
+
+    def _take(self, step: int | None, by_clock: bool) -> None:
+        s = self.source.sample(time.monotonic() - self.args.t0, step)
+        if s is not None:
+            self.seen.samples.append(s)
+            self.report(s)
+        self.pace.taken(time.monotonic(), by_clock)
+
+    def tick(self, out: Output) -> None:
+        """The watch loop's turn: a reading when the clock says so."""
+        with self.lock:
+            if self.pace.due(time.monotonic()):
+                self._take(out.last_step(), by_clock=True)
+
+    def at_marker(self, step: int) -> None:
+        with self.lock:
+            now = time.monotonic()
+            self.pace.first_marker(now)
+            if not self.closed and self.pace.marker_due(now):
+                self._take(step, by_clock=False)
+
+    def so_far(self) -> list[Sample]:
+        """A copy of the samples so far (an early-stop look must not hold up the readings)."""
+        with self.lock:
+            return list(self.seen.samples)
+
+    def close(self) -> None:
+        with self.lock:
+            self.closed = True
+
+
+def watch(readings: Readings, out: Output) -> Watched:
+    """Follow one started run to its end (see the module docstring); `out` is the run's
+    output, made with ``on_marker=readings.at_marker``."""
+    args, source, seen = readings.args, readings.source, readings.seen
     stopper = None if args.early_stop is None else EarlyStopper(args.early_stop)
     next_look = float("inf") if stopper is None else stopper.es.look_every_s
-    clock = _Clock(args.sample_hz, time.monotonic())
-    report = _Callback(args.on_sample)
-    while True:
-        now = time.monotonic()
-        t = now - args.t0
-        if now >= args.deadline:
-            seen.timed_out = True
-            source.stop()
-            break
-        if stopper is not None and t >= next_look:
-            next_look = t + stopper.es.look_every_s
-            seen.stopped_early = _look(stopper, seen.samples, out, args.memory_limit_bytes)
-            if seen.stopped_early is not None:
+    try:
+        while True:
+            now = time.monotonic()
+            t = now - args.t0
+            if now >= args.deadline:
+                seen.timed_out = True
                 source.stop()
                 break
-        if clock.due(now):
-            s = source.sample(time.monotonic() - args.t0, out.last_step())
-            if s is not None:
-                seen.samples.append(s)
-                report(s)
-            clock.advance(time.monotonic())
-        wake = min(clock.next_at, args.deadline, args.t0 + next_look)
-        if source.wait_end(max(wake - time.monotonic(), 0.0)):
-            break
+            if stopper is not None and t >= next_look:
+                next_look = t + stopper.es.look_every_s
+                looked = _look(stopper, readings.so_far(), out, args.memory_limit_bytes)
+                if looked is not None:
+                    seen.stopped_early = looked
+                    source.stop()
+                    break
+            readings.tick(out)
+            wake = min(readings.pace.next_at, args.deadline, args.t0 + next_look)
+            if source.wait_end(max(wake - time.monotonic(), 0.0)):
+                break
+    finally:
+        readings.close()
     seen.early_stop = None if stopper is None else stopper.record()
     return seen
 

@@ -10,7 +10,7 @@ import pytest
 
 from contract.wire import CommitRange, EnvSpec, Sample, TrialKind, TrialSpec
 from runners.kinds import HANDLERS, PHASES, Ready, handler
-from runners.watch import Output, WatchArgs, watch
+from runners.watch import Output, Readings, WatchArgs, watch
 
 ENV = EnvSpec(package="p", version="1")
 
@@ -66,9 +66,10 @@ class _Source:
 def test_the_loop_ends_at_the_run_end_or_its_deadline(end_after: int | None, timed_out: bool
                                                       ) -> None:  # fmt: skip
     source, t0 = _Source(end_after), time.monotonic()
-    seen = watch(source, Output(t0), WatchArgs(t0=t0, deadline=t0 + 0.3, sample_hz=10.0,
-                                               memory_limit_bytes=1 << 30))  # fmt: skip
+    readings = Readings(source, WatchArgs(t0=t0, deadline=t0 + 0.3, sample_hz=10.0,
+                                          memory_limit_bytes=1 << 30))  # fmt: skip
+    seen = watch(readings, Output(t0, on_marker=readings.at_marker))
     assert (seen.timed_out, source.stopped, seen.stopped_early) == (timed_out, timed_out, None)
-    # 50 Hz for the first seconds: the deadline run took about 15 samples, not 3.
+    # 200 Hz for the first seconds: the deadline run took about 60 samples, not 3.
     assert len(seen.samples) == 3 if end_after else len(seen.samples) >= 10
     assert [s.rss for s in seen.samples] == [(i + 1) << 20 for i in range(len(seen.samples))]

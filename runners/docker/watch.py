@@ -28,7 +28,7 @@ from contract.wire import EarlyStop, Sample
 from runners.docker.cgroup import ContainerCgroup, Counters, find
 from runners.docker.entry import EXIT_MARKER
 from runners.nvml import GpuProbe
-from runners.watch import Execution, Output, WatchArgs
+from runners.watch import Execution, Output, Readings, WatchArgs
 from runners.watch import watch as watch_run
 
 CGROUP_WAIT_S = 5.0
@@ -164,13 +164,15 @@ class RunArgs:
 
 def watch(container: Any, args: RunArgs, w: Watch, t0: float) -> Execution:
     """Follow a started run-phase container to its end; it is stopped, not removed."""
-    out = Output(t0)
-    threads = _follow(container, out, w)
-    cg = _cgroup(container, args.cgroup_root)
     rules = WatchArgs(t0=t0, deadline=t0 + args.timeout_s, sample_hz=args.sample_hz,
                       memory_limit_bytes=args.memory_limit_bytes, early_stop=args.early_stop,
                       on_sample=args.on_sample)  # fmt: skip
-    seen = watch_run(_CgroupSource(container, cg, args.gpu, w), out, rules)
+    source = _CgroupSource(container, None, args.gpu, w)
+    readings = Readings(source, rules)
+    out = Output(t0, on_marker=readings.at_marker)
+    threads = _follow(container, out, w)
+    source.cg = cg = _cgroup(container, args.cgroup_root)
+    seen = watch_run(readings, out)
     if cg is not None:
         w.count(cg.read())  # the final counters, before the cgroup goes with the container
     duration = time.monotonic() - t0
