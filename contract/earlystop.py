@@ -85,7 +85,14 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from contract.floors import Judged, block_floors, judged_part, largest_drop, steps_done
+from contract.floors import (
+    Judged,
+    block_floors,
+    excursions,
+    judged_part,
+    largest_drop,
+    steps_done,
+)
 from contract.theilsen import theilslopes
 from contract.wire import MIN_HORIZON_S, EarlyStop, EarlyStopRecord
 
@@ -143,8 +150,9 @@ def _floors(part: Judged, es: EarlyStop) -> tuple[np.ndarray, np.ndarray, np.nda
     if part.per == "step":
         n_blocks = min(n_blocks, len(np.unique(part.x)))  # only distinct steps form blocks
     fx, floors, wide = block_floors(
-        part.x, part.v, n_blocks, es.min_block_samples, es.floor_percentile
-    )
+        part.x, part.v, n_blocks, es.min_block_samples, es.floor_percentile,
+        ~excursions(part.x, part.v, es),
+    )  # fmt: skip
     if len(floors) < es.min_blocks or part.window <= 0:
         return None
     return fx, floors, wide

@@ -25,11 +25,25 @@ The judged part (`judged_part`), in this order:
    would drop from a whole run, not a fraction of the part seen so far). Fewer than two
    samples left: None.
 
+Excursions (`excursions`): a stretch of samples that stands at least the threshold T above
+the level the series holds (two readings in a row) both before it and after it, each looked
+for within a third of the judged span (two of the widest blocks): a checkpoint spike, a
+buffer touched page by page, a GC sawtooth's ramp, however long it lasts and however the
+machine's load stretches it. What a leak adds never comes back down, so a leak is never an
+excursion; a cache that fills and stays is not one either. A series with only one side (its
+first and last samples) is judged against that side; a single low reading (the first
+reading of a teardown, a glitch) is no level. T here is the classifier's, from a provisional
+baseline (the floor of the first sixth of the span). Excursion samples are left out of
+every floor below, so a block's floor is never the inside of one long spike (the floors of
+11 blocks read 108, 122, 137, 168, 211, 317, 339, 339, 221, 154, 171 MiB when a 200 MB
+buffer was touched for over a second on a loaded machine: three floors were the spike), and
+a block that lay wholly inside one has no floor (dropped like a block a stall left empty).
+
 Block floors (`block_floors`): the judged samples are cut into equal-width blocks over x
-(seconds or steps); a block with fewer than `min_block_samples` samples is dropped; each
-kept block gives its position (median x), its floor (`percentile` of its values) and its
-wide floor (the same percentile over the block and its two neighbours: steadier, and blind
-to a spike that swallows a whole block, which is what the drop test needs).
+(seconds or steps); a block with fewer than `min_block_samples` samples (excursions left
+out) is dropped; each kept block gives its position (median x), its floor (`percentile` of
+its values) and its wide floor (the same percentile over the block and its two neighbours:
+steadier, which is what the drop test needs).
 
 `step_ratio` (the classifier's spread test, also the early-stop rule's) says how much
 better one jump explains the floors than a straight line does; `largest_drop` (their drop
@@ -40,6 +54,7 @@ steps the markers so far span.
 from __future__ import annotations
 
 import math
+from collections import deque
 from collections.abc import Sequence
 from typing import NamedTuple, Protocol
 
@@ -51,6 +66,18 @@ class WarmUp(Protocol):
     warmup_steps: int
     warmup_step_fraction: float
     min_blocks: int
+
+
+class Threshold(Protocol):
+    min_growth_mib: float
+    min_growth_fraction: float
+    floor_percentile: float
+    min_blocks: int
+
+
+def threshold_mib(s: Threshold, baseline: float) -> float:
+    """T: the growth that counts, the larger of the absolute and the relative threshold."""
+    return max(s.min_growth_mib, s.min_growth_fraction * max(baseline, 0.0))
 
 
 class Judged(NamedTuple):
@@ -140,23 +167,71 @@ def _median(ordered: np.ndarray) -> float:
     return float(ordered[mid]) if n % 2 else (float(ordered[mid - 1]) + float(ordered[mid])) / 2
 
 
+def _held(v: np.ndarray) -> np.ndarray:
+    """The level each reading and the next held together (the last: none, +inf)."""
+    held = np.full(len(v), np.inf)
+    if len(v) > 1:
+        held[:-1] = np.maximum(v[:-1], v[1:])
+    return held
+
+
+def _window_min(x: np.ndarray, level: np.ndarray, span: float) -> np.ndarray:
+    """For each sample, the least `level` of the samples after it within `span` of x
+    (+inf where there is none): a monotone deque, one pass from the end."""
+    out = np.full(len(x), np.inf)
+    # Indices after i, nearest on the left; their levels fall from left to right, so the
+    # least level in reach is the rightmost one (the farthest survivor).
+    ahead: deque[int] = deque()
+    for i in range(len(x) - 1, -1, -1):
+        while ahead and x[ahead[-1]] > x[i] + span:
+            ahead.pop()
+        if ahead:
+            out[i] = level[ahead[-1]]
+        while ahead and level[ahead[0]] >= level[i]:
+            ahead.popleft()
+        ahead.appendleft(i)
+    return out
+
+
+def excursions(x: np.ndarray, v: np.ndarray, s: Threshold) -> np.ndarray:
+    """Which judged samples lie inside an excursion (the module docstring): a mask."""
+    if len(v) < 3:
+        return np.zeros(len(v), dtype=bool)
+    span = 2.0 * float(x[-1] - x[0]) / s.min_blocks
+    first = v[x <= x[0] + span / 2]
+    height = threshold_mib(s, _percentile(np.sort(first), s.floor_percentile))
+    held = _held(v)
+    after = _window_min(x, held, span)
+    # Before: the same pass over the reversed series (levels held up to and with i - 1).
+    before = _window_min(-x[::-1], held[::-1], span)[::-1]
+    return np.isfinite(before) & np.isfinite(after) & (v - np.maximum(before, after) >= height)
+
+
 def block_floors(
-    x: np.ndarray, v: np.ndarray, n_blocks: int, min_block_samples: int, percentile: float
+    x: np.ndarray,
+    v: np.ndarray,
+    n_blocks: int,
+    min_block_samples: int,
+    percentile: float,
+    keep: np.ndarray | None = None,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(positions, floors, wide floors) of the usable blocks, as the module docstring says."""
+    """(positions, floors, wide floors) of the usable blocks, as the module docstring says;
+    `keep` (a mask): the samples floors may be taken from (the rest lie in excursions)."""
     lo, hi = float(x[0]), float(x[-1])
+    if keep is not None:
+        x, v = x[keep], v[keep]
     edges = np.linspace(lo, hi, n_blocks + 1)
     which = np.clip(np.searchsorted(edges, x, side="right") - 1, 0, n_blocks - 1)
     order = np.argsort(which, kind="stable")  # each block's samples side by side
     xs, vs = x[order], v[order]
     bounds = np.searchsorted(which[order], np.arange(n_blocks + 1))
-    keep = [b for b in range(n_blocks) if bounds[b + 1] - bounds[b] >= min_block_samples]
-    pos = [_median(np.sort(xs[bounds[b] : bounds[b + 1]])) for b in keep]
-    floors = [_percentile(np.sort(vs[bounds[b] : bounds[b + 1]]), percentile) for b in keep]
+    keep_b = [b for b in range(n_blocks) if bounds[b + 1] - bounds[b] >= min_block_samples]
+    pos = [_median(np.sort(xs[bounds[b] : bounds[b + 1]])) for b in keep_b]
+    floors = [_percentile(np.sort(vs[bounds[b] : bounds[b + 1]]), percentile) for b in keep_b]
     # A block and its two neighbours are side by side too.
     wide = [
         _percentile(np.sort(vs[bounds[max(b - 1, 0)] : bounds[min(b + 2, n_blocks)]]), percentile)
-        for b in keep
+        for b in keep_b
     ]
     return np.array(pos), np.array(floors), np.array(wide)
 

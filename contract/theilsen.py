@@ -21,6 +21,12 @@ Cephes' ``ndtri``; they differ by at most 3e-15, so an index differs only where
 ``(N -+ z sigma) / 2`` lies that close to a half. tests/test_theilsen.py compares the two on
 thousands of series, ties included, at the confidences the classifier and the early-stop
 looks use: every number equal.
+
+`grouped_theilslopes` is the same fit over several series that share a slope but not a level
+(runs of one candidate too short to judge alone, `engine.pooled`): the seasonal Kendall slope
+of Hirsch, Slack and Smith (1982). Its pairs are those within one series only (a pair across
+two runs would compare two baselines, not growth); sigma^2 is the sum of each series' own;
+the bounds are read off the sorted within-series slopes exactly as in rule 2.
 """
 
 from __future__ import annotations
@@ -48,8 +54,8 @@ def _tie_term(values: np.ndarray) -> float:
     return float(sum(int(k) * (int(k) - 1) * (2 * int(k) + 5) for k in ties))
 
 
-def theilslopes(y: np.ndarray, x: np.ndarray, alpha: float = 0.95) -> TheilSen:
-    """The fit of `y` against `x` with its `alpha` confidence interval (rules 1-2)."""
+def _slopes(y: np.ndarray, x: np.ndarray) -> tuple[np.ndarray, float]:
+    """The pairwise slopes over the pairs with x_j > x_i, and the series' sigma^2 (rule 2)."""
     y = np.array(y, dtype=float).ravel()
     x = np.array(x, dtype=float).ravel()
     if len(x) != len(y):
@@ -59,15 +65,17 @@ def theilslopes(y: np.ndarray, x: np.ndarray, alpha: float = 0.95) -> TheilSen:
     dx = x[:, np.newaxis] - x
     dy = y[:, np.newaxis] - y
     rising = dx > 0
-    slopes = dy[rising] / dx[rising]
-    slopes.sort()
-    slope = np.median(slopes)
-    intercept = np.median(y) - slope * np.median(x)
+    n = len(y)
+    sigsq = 1 / 18.0 * (n * (n - 1) * (2 * n + 5) - _tie_term(x) - _tie_term(y))  # scipy's order
+    return dy[rising] / dx[rising], sigsq
+
+
+def _bounds(slopes: np.ndarray, sigsq: float, alpha: float) -> tuple[float, float]:
+    """Sen's interval from the sorted slopes (rule 2)."""
     if alpha > 0.5:
         alpha = 1.0 - alpha
     z = _NORMAL.inv_cdf(alpha / 2.0)
-    n, pairs = len(y), len(slopes)
-    sigsq = 1 / 18.0 * (n * (n - 1) * (2 * n + 5) - _tie_term(x) - _tie_term(y))  # scipy's order
+    pairs = len(slopes)
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", RuntimeWarning)  # sigma of a negative: NaN
@@ -77,4 +85,28 @@ def theilslopes(y: np.ndarray, x: np.ndarray, alpha: float = 0.95) -> TheilSen:
         low, high = slopes[[lower, upper]]
     except (ValueError, IndexError):
         low, high = np.nan, np.nan
-    return TheilSen(float(slope), float(intercept), float(low), float(high))
+    return float(low), float(high)
+
+
+def theilslopes(y: np.ndarray, x: np.ndarray, alpha: float = 0.95) -> TheilSen:
+    """The fit of `y` against `x` with its `alpha` confidence interval (rules 1-2)."""
+    slopes, sigsq = _slopes(y, x)
+    slopes.sort()
+    slope = np.median(slopes)
+    yy, xx = np.asarray(y, dtype=float).ravel(), np.asarray(x, dtype=float).ravel()
+    intercept = np.median(yy) - slope * np.median(xx)
+    low, high = _bounds(slopes, sigsq, alpha)
+    return TheilSen(float(slope), float(intercept), low, high)
+
+
+def grouped_theilslopes(
+    series: list[tuple[np.ndarray, np.ndarray]], alpha: float = 0.95
+) -> TheilSen:
+    """One slope over several (y, x) series, each with its own level (the module docstring);
+    the intercept is NaN: the series have none in common."""
+    fits = [_slopes(y, x) for y, x in series]
+    slopes = np.sort(np.concatenate([f[0] for f in fits]))
+    if not len(slopes):
+        raise ValueError("no series has two distinct x")
+    low, high = _bounds(slopes, sum(f[1] for f in fits), alpha)
+    return TheilSen(float(np.median(slopes)), float("nan"), low, high)

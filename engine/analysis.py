@@ -80,12 +80,22 @@ from typing import Any
 
 import numpy as np
 
-from contract.floors import block_floors, judged_part, largest_drop, step_index, step_ratio
+from contract.floors import (
+    block_floors,
+    excursions,
+    judged_part,
+    largest_drop,
+    step_index,
+    step_ratio,
+    threshold_mib,
+)
 from contract.theilsen import theilslopes
 from engine.verdicts import Verdict
 
 MIB = 1024 * 1024
-SKIP_EXIT_CODE = 125  # git bisect's "cannot test this revision"
+SKIP_EXIT_CODE = 125
+# The most floors a run too short to judge alone keeps for pooling (`_short`).
+SHORT_POINTS = 60  # git bisect's "cannot test this revision"
 
 
 @dataclass(frozen=True)
@@ -285,16 +295,53 @@ def _clean_series(
 
 
 def _floors(
-    x: np.ndarray, v: np.ndarray, n_blocks: int, settings: ClassifierSettings
+    x: np.ndarray, v: np.ndarray, n_blocks: int, settings: ClassifierSettings, keep: np.ndarray
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Equal-width blocks over x: each usable block's position, floor and wide floor
-    (contract/floors.py, shared with the early-stop rule)."""
-    return block_floors(x, v, n_blocks, settings.min_block_samples, settings.floor_percentile)
+    """Equal-width blocks over x: each usable block's position, floor and wide floor, from
+    the samples outside excursions (contract/floors.py, shared with the early-stop rule)."""
+    return block_floors(
+        x, v, n_blocks, settings.min_block_samples, settings.floor_percentile, keep
+    )
 
 
 def _insufficient(reason: str, unit: str, n: int, peak: float | None) -> SeriesAnalysis:
     return SeriesAnalysis(
         verdict=Verdict.INCONCLUSIVE, reason=reason, unit=unit, samples=n, peak_mib=peak
+    )
+
+
+def _short(
+    x: np.ndarray,
+    v: np.ndarray,
+    window: float,
+    unit: str,
+    n: int,
+    peak: float | None,
+    s: ClassifierSettings,
+    reason: str,
+) -> SeriesAnalysis:
+    """INCONCLUSIVE for a run too short to judge alone, with the floors it has for pooling
+    (engine/pooled.py, short runs): per step, each step's lowest reading; per second, the
+    readings, at most SHORT_POINTS (the lowest of each of that many equal stretches)."""
+    if unit == "MiB/step":
+        fx = np.unique(x)
+        floors = np.array([float(v[x == step].min()) for step in fx])
+    else:
+        fx, floors = x, v
+        if len(fx) > SHORT_POINTS:
+            fx, floors, _ = block_floors(x, v, SHORT_POINTS, 1, 0.0)
+    baseline = float(floors[0]) if len(floors) else None
+    return SeriesAnalysis(
+        verdict=Verdict.INCONCLUSIVE,
+        reason=reason,
+        unit=unit,
+        samples=n,
+        peak_mib=peak,
+        window=window if len(floors) else None,
+        baseline_mib=baseline,
+        threshold_mib=None if baseline is None else threshold_mib(s, baseline),
+        floors_mib=tuple(float(f) for f in floors),
+        floor_x=tuple(float(p) for p in fx),
     )
 
 
@@ -388,37 +435,40 @@ def _classify_blocks(
 ) -> SeriesAnalysis:
     """Block floors of the judged samples, their fit (`_fit_floors`), then the rules (`_judge`)."""
     per = "step" if unit == "MiB/step" else "s"
-    max_possible = min(n // s.min_block_samples, s.max_blocks)
+    keep = ~excursions(x, v, s)
+    usable = int(keep.sum())
+    max_possible = min(usable // s.min_block_samples, s.max_blocks)
     if per == "step":
         # Markers may come every k steps; only distinct step values can form blocks.
-        max_possible = min(max_possible, len(np.unique(x)))
+        max_possible = min(max_possible, len(np.unique(x[keep])))
     if max_possible < s.min_blocks or window <= 0:
         need = s.min_blocks * s.min_block_samples
-        return _insufficient(
-            f"too few samples to judge: {n} after warm-up, need at least {need}"
-            + (f" over {s.min_blocks} steps" if per == "step" else ""),
-            unit,
-            n,
-            peak,
-        )
-    n_blocks = min(max(n // s.block_samples, s.min_blocks), max_possible)
-    fx, floors, wide = _floors(x, v, n_blocks, s)
+        if per == "step":
+            why = (
+                f"too few readings to judge alone: {usable} over {window:.0f} judged steps, "
+                f"need at least {need} ({s.min_block_samples} in each of {s.min_blocks} blocks)"
+            )
+        else:
+            why = f"too few samples to judge alone: {usable} after warm-up, need at least {need}"
+        if usable < n:
+            why += f"; {n - usable} more lie in excursions (spikes that came back down)"
+        return _short(x[keep], v[keep], window, unit, n, peak, s, why)
+    n_blocks = min(max(usable // s.block_samples, s.min_blocks), max_possible)
+    fx, floors, wide = _floors(x, v, n_blocks, s, keep)
     # A sampler stalled on a loaded machine leaves a stretch without samples: cut finer,
     # one block more at a time, until min_blocks blocks are usable or the samples run out.
     finer = n_blocks
     while len(floors) < s.min_blocks and finer < max_possible:
         finer += 1
-        cut = _floors(x, v, finer, s)
+        cut = _floors(x, v, finer, s, keep)
         if len(cut[1]) >= s.min_blocks:
             fx, floors, wide = cut
     if len(floors) < s.min_blocks:
-        return _insufficient(
-            f"too few usable blocks: {len(floors)} of {n_blocks} have "
-            f"{s.min_block_samples}+ samples",
-            unit,
-            n,
-            peak,
+        why = (
+            f"too few usable blocks to judge alone: {len(floors)} of {n_blocks} have "
+            f"{s.min_block_samples}+ samples"
         )
+        return _short(x[keep], v[keep], window, unit, n, peak, s, why)
     numbers = _fit_floors(fx, floors, wide, window, s)
     verdict, reason = _judge(numbers, per, s)
     return SeriesAnalysis(
@@ -456,7 +506,7 @@ def _fit_floors(
         late_slope_high=float(late_fit[3]),
         early_slope=float(theilslopes(floors[:n_late], fx[:n_late], alpha=s.confidence)[0]),
         window=window,
-        threshold_mib=max(s.min_growth_mib, s.min_growth_fraction * max(baseline, 0.0)),
+        threshold_mib=threshold_mib(s, baseline),
         rise_mib=rise,
         # Where the floor ends up: a jump in the last blocks (a first checkpoint late in
         # the run) barely moves the late median or the slope, yet rules out CLEAN.

@@ -66,6 +66,25 @@ under 10 MiB of noise, where one run alone gives 3.0 %; 0.3 % at most on the 1-m
 rows), and a leak is called "not leak" less often (3.7 % and 0.7 % against 10.3 % and
 7.0 %). The price is more INCONCLUSIVE than the vote, which ignores inconclusive runs.
 
+Runs too short to judge alone. A run with too few readings for `min_blocks` blocks (a
+loop of a few steps, a fraction of a second without markers) is INCONCLUSIVE and keeps the
+floors it has: each judged step's lowest reading, or its readings per second
+(engine/analysis.py `_short`). The scheduler runs such a candidate again, asking for a
+longer run, up to `max_runs`; when fewer than two runs pool as above, the runs that ended
+normally with at least `SHORT_MIN` floors (short or not, in one unit) are judged together:
+
+1. Slope: one Theil-Sen slope over the pairs within each run, never across two (each run
+   has its own level), with Sen's interval from the summed variances: the seasonal Kendall
+   slope (contract/theilsen.py `grouped_theilslopes`). The same over each run's last half
+   of floors is the late slope.
+2. The window and T are the median run's; growth = slope x window.
+3. LEAK: at least three runs (two cannot tell their spread, as above), every run's own
+   slope above zero, slope_low > 0, growth >= T, and the late slope at least
+   `leak_late_ratio` x the slope (still rising at the end: a cache that filled in each
+   run's first steps fails here).
+4. CLEAN: even slope_high x window stays under T.
+5. INCONCLUSIVE otherwise. The reason says the runs were pooled because each was too short.
+
 The pooled run verdict combines host and GPU as a single run does (LEAK if either
 leaks, else INCONCLUSIVE, PLATEAU, CLEAN). The candidate's verdict, `classify_runs`:
 
@@ -89,10 +108,15 @@ from dataclasses import dataclass
 from statistics import NormalDist
 from typing import Any
 
+import numpy as np
+
+from contract.theilsen import grouped_theilslopes, theilslopes
 from engine.analysis import ClassifierSettings, _fmt, aggregate
 from engine.verdicts import Verdict
 
 RUN_VERDICTS = (Verdict.LEAK, Verdict.CLEAN, Verdict.PLATEAU, Verdict.INCONCLUSIVE)
+# A run too short to judge alone joins the short-run pool with at least this many floors.
+SHORT_MIN = 3
 
 
 @dataclass(frozen=True)
@@ -289,6 +313,101 @@ def pool_series(
     )
 
 
+def _has_floors(series: dict[str, Any] | None) -> bool:
+    """A series with floors to pool as a short run (judged or too short to judge alone)."""
+    return (
+        series is not None
+        and len(series.get("floors_mib") or ()) >= SHORT_MIN
+        and len(set(series.get("floor_x") or ())) >= 2
+        and (series.get("window") or 0) > 0
+        and series.get("threshold_mib") is not None
+    )
+
+
+def _short_runs(runs: Sequence[PooledRun]) -> list[PooledRun]:
+    """The runs of the short-run pool: ended normally, with host floors, in one unit."""
+    out = [
+        r
+        for r in runs
+        if r.ended_normally
+        and r.verdict in RUN_VERDICTS
+        and r.analysis is not None
+        and _has_floors(r.analysis.get("host"))
+    ]
+    units = [r.analysis["host"]["unit"] for r in out]  # type: ignore[index]
+    return [r for r, u in zip(out, units, strict=True) if u == units[0]] if out else []
+
+
+def _groups(series: Sequence[dict[str, Any]], late: bool = False) -> list:
+    """Each run's (floors, positions), or its last half of them."""
+    out = []
+    for d in series:
+        y, x = np.array(d["floors_mib"], dtype=float), np.array(d["floor_x"], dtype=float)
+        if late:
+            y, x = y[len(y) // 2 :], x[len(x) // 2 :]
+        if len(set(x.tolist())) >= 2:
+            out.append((y, x))
+    return out
+
+
+def pool_short(series: Sequence[dict[str, Any]], s: ClassifierSettings) -> PooledSeries:
+    """The short-run pool's verdict over >= 2 runs' series dicts (the module docstring)."""
+    unit = series[0]["unit"]
+    per = "step" if unit == "MiB/step" else "s"
+    fit = grouped_theilslopes(_groups(series), alpha=s.confidence)
+    late = grouped_theilslopes(_groups(series, late=True), alpha=s.confidence)
+    window = float(np.median([d["window"] for d in series]))
+    threshold = float(np.median([d["threshold_mib"] for d in series]))
+    own = [theilslopes(y, x)[0] for y, x in _groups(series)]
+    o = _fmt
+    trend = (
+        f"floor slope {o(fit.slope)} MiB/{per} (CI {o(fit.low_slope)}..{o(fit.high_slope)}) "
+        f"within each run, {'+' if fit.slope >= 0 else ''}{o(fit.slope * window)} MiB over "
+        f"{window:.0f} {'steps' if per == 'step' else 's'}"
+    )
+    thr = f"threshold {o(threshold)} MiB"
+    if (
+        len(series) >= 3
+        and all(x > 0 for x in own)
+        and fit.low_slope > 0
+        and fit.slope * window >= threshold
+        and late.slope >= s.leak_late_ratio * fit.slope
+    ):
+        verdict, reason = Verdict.LEAK, f"{trend} ({thr}), every run rising to its end"
+    elif fit.high_slope * window < threshold:
+        verdict, reason = Verdict.CLEAN, f"{trend}; even the upper bound stays under the {thr}"
+    else:
+        verdict, reason = Verdict.INCONCLUSIVE, f"{trend}; too uncertain to call against the {thr}"
+    return PooledSeries(
+        verdict=verdict, reason=reason, unit=unit, runs=len(series), slope=fit.slope,
+        slope_low=fit.low_slope, slope_high=fit.high_slope, tau=math.nan,
+        rate_threshold=threshold / window, window=window, threshold_mib=threshold,
+        growth_mib=fit.slope * window, late_slope=late.slope, late_slope_high=late.high_slope,
+    )  # fmt: skip
+
+
+def _pool_short(runs: Sequence[PooledRun], s: ClassifierSettings) -> PooledAnalysis | None:
+    """The candidate's verdict from the short-run pool, None when fewer than 2 runs join."""
+    short = _short_runs(runs)
+    if len(short) < 2:
+        return None
+    host = pool_short([r.analysis["host"] for r in short], s)  # type: ignore[index]
+    gpu_series = [r.analysis["gpu"] for r in short if _has_floors(r.analysis.get("gpu"))]  # type: ignore[union-attr]
+    gpu_series = [d for d in gpu_series if d["unit"] == gpu_series[0]["unit"]] if gpu_series else []
+    gpu = pool_short(gpu_series, s) if len(gpu_series) >= 2 else None
+    has_gpu = any(r.analysis.get("gpu") for r in short)  # type: ignore[union-attr]
+    together, reason = _combine(host, gpu, has_gpu)
+    others = [r.verdict for r in runs if not any(r is p for p in short)]
+    verdict = aggregate([together] * len(short) + others)
+    text = (
+        f"pooled over {len(short)} runs too short to judge alone: {together.value}: {reason}"
+    )
+    if others:
+        listed = ", ".join(v.value for v in others)
+        text += f"; with {len(others)} other runs ({listed}): {verdict.value}"
+    return PooledAnalysis(verdict, text, len(short), together, host, gpu)
+
+
 def _pooled_runs(runs: Sequence[PooledRun], s: ClassifierSettings) -> list[PooledRun]:
     """The runs pooled (rule 1): ended normally with a run verdict and usable host floors."""
     out = [
@@ -331,6 +450,8 @@ def classify_runs(
     """A candidate's verdict from all its runs (the rules in the module docstring)."""
     verdicts = [r.verdict for r in runs]
     pooled = _pooled_runs(runs, settings)
+    if len(pooled) < 2 and (short := _pool_short(runs, settings)) is not None:
+        return short
     if len(pooled) < 2:
         verdict = aggregate(verdicts)
         return PooledAnalysis(
