@@ -17,11 +17,24 @@ the ceiling. So, per series (host and GPU separately):
    `max(warmup_steps, ceil(warmup_step_fraction * steps))` steps and judge per
    step, or, with fewer judged steps than `min_blocks`, per second from the first
    marker on. Without markers, per second after `warmup_fraction` of the run.
-2. Split what is left into `clamp(n // block_samples, min_blocks, max_blocks)`
-   blocks of equal width (seconds, or steps when markers exist) and take each
-   block's `floor_percentile`: its floor. Where fewer than `min_blocks` blocks have
-   `min_block_samples` samples (the sampler stalled on a loaded machine), cut finer,
-   one block more at a time while the samples allow, until `min_blocks` are usable.
+2. Leave out the samples that lie inside an excursion (contract/floors.py
+   `excursions`: at least T above the level the series holds both before and after
+   them: a spike, a buffer touched for seconds on a loaded machine, a sawtooth's
+   ramp), so no floor is the inside of one. Split the rest into
+   `clamp(n // block_samples, min_blocks, max_blocks)` blocks of equal width
+   (seconds, or steps when markers exist) and take each block's `floor_percentile`:
+   its floor. Where fewer than `min_blocks` blocks have `min_block_samples` samples
+   (the sampler stalled on a loaded machine), cut finer, one block more at a time
+   while the samples allow, until `min_blocks` are usable.
+   What a verdict needs is counted in steps when there are markers: `min_blocks`
+   blocks of `min_block_samples` readings, and the sampler reads every step at its
+   marker (runners/watch.py), so a run of `enough_markers()` markers (21 at the
+   defaults: 2 warm-up steps, 18 judged, the last step its teardown) is judged,
+   however fast its steps (down to 1 ms), unless excursions take its readings. A run
+   with fewer is INCONCLUSIVE
+   "too few readings to judge alone" and keeps its floors (each judged step's lowest
+   reading) for engine/pooled.py, which judges such runs of one candidate together;
+   the scheduler runs it again, asking for a longer run.
 3. Fit a Theil-Sen slope to the floors with its `confidence` interval.
    growth = slope x window, the window being the judged span in seconds or the
    number of judged steps. The threshold is
@@ -360,6 +373,13 @@ def _oom_rise(v: np.ndarray, settings: ClassifierSettings) -> tuple[float, float
     last = float(np.percentile(v[-q:], settings.floor_percentile))
     threshold = max(settings.min_growth_mib, settings.min_growth_fraction * first)
     return last - first, first, threshold
+
+
+def enough_markers(s: ClassifierSettings = ClassifierSettings()) -> int:  # noqa: B008
+    """Step markers that are always enough to judge a run with a reading at each (rule 2):
+    the warm-up steps, `min_blocks` blocks of `min_block_samples` steps, and the last
+    step (after the last marker of a run that exited: its teardown)."""
+    return s.warmup_steps + s.min_blocks * s.min_block_samples + 1
 
 
 def _too_few(t: np.ndarray, steps: Sequence[tuple[float, int]]) -> str:

@@ -331,7 +331,8 @@ class JobOptions(BaseModel):
         10.0,
         flag="--sample-hz",
         panel=RUNS,
-        help="Memory samples per second (50 per second for the first 30 s of a run).",
+        help="Memory samples per second once a run is 30 s old (faster before, and one "
+        "at every step marker).",
         metavar="HZ",
         gt=0,
         le=100,

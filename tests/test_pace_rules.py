@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 from contract.floors import block_floors, excursions, judged_part
-from engine.analysis import ClassifierSettings, classify_run, classify_series
+from engine.analysis import ClassifierSettings, classify_run, classify_series, enough_markers
 from engine.pooled import PooledRun, classify_runs
 from engine.verdicts import Verdict
 
@@ -96,6 +96,7 @@ def _flat_marked(markers: int) -> tuple[list[float], list[float], list[tuple[flo
 
 
 def test_21_markers_are_always_enough() -> None:
+    assert enough_markers() == 21
     t, v, marks = _flat_marked(21)
     verdict, reason = judge(t, v, marks)
     assert verdict is Verdict.CLEAN, reason
