@@ -7,6 +7,15 @@ sleeps meanwhile: this process's CPU time over the window is the sampler's. Agai
 the CPU time the workload tree itself used over the same window (psutil). These are
 steady rates: the sampler's fast start (50 Hz for a trial's first 30 s) is turned off.
 
+The trial's watch loop (`trial_cost`): what a trial costs its runner, measured where it
+is paid: `runners.executor.run_script` runs a script that holds 50 MiB and prints a step
+marker 0, 100 or 1000 times a second (an unpaced loop of 1 ms steps: the fastest the
+readings follow) for a minute, and this process's CPU time (the watch loop, the marker
+reader, every reading; the script is a child) is read at each sample. Rows by the run's
+age: its first 2 s, 2-30 s (young: the clock's fast start, marker readings at up to
+1000 a second for the first 3000), and 30-60 s (the default rate: the clock at 10 Hz,
+marker readings no closer than its period).
+
 Fidelity: a real child process holds a 200 MiB baseline and then leaks at a known rate
 (N MiB/s, memset buffers, so every page is resident). It is sampled as a trial is
 (`Sampler(pid, hz=10)` with its defaults, fast start included); every
@@ -23,7 +32,9 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import time
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -126,6 +137,53 @@ def overhead(procs: int, hz: float, seconds: float, settle_s: float = 1.0) -> di
         _kill(p)
 
 
+MARKING = """
+import sys, time
+rate, seconds = float(sys.argv[1]), float(sys.argv[2])
+hold = bytearray(b'\\xa5') * (50 * 2**20)
+t0 = time.monotonic()
+n = 0
+while time.monotonic() - t0 < seconds:
+    if rate:
+        n += 1
+        print("::leakbisect-step::", flush=True)
+        due = t0 + n / rate
+        time.sleep(max(0.0, due - time.monotonic()))
+    else:
+        time.sleep(0.05)
+"""
+AGES = ((0.0, 2.0), (2.0, 30.0), (30.0, 60.0))
+
+
+def trial_cost(markers_hz: float, seconds: float, workdir: Path) -> dict[str, Any]:
+    """The runner's CPU over a trial that prints `markers_hz` markers a second, by age."""
+    from runners.executor import run_script
+
+    script = workdir / "marking.py"
+    script.write_text(MARKING)
+    clock: list[tuple[float, float]] = []
+
+    def seen(sample: Any) -> None:
+        clock.append((sample.t, time.process_time()))
+
+    ex = run_script(sys.executable, script, cwd=workdir, timeout_s=seconds + 60,
+                    memory_limit_bytes=1 << 30, on_sample=seen, run_as=None,
+                    args=[str(markers_hz), str(seconds)])  # fmt: skip
+    if ex.exit_code != 0:
+        raise RuntimeError(f"the marking script failed: {ex.log_tail}")
+    out: dict[str, Any] = {"markers_hz": markers_hz, "seconds": seconds, "ages": []}
+    for lo, hi in AGES:
+        inside = [(t, c) for t, c in clock if lo <= t <= min(hi, seconds)]
+        if len(inside) < 2:
+            continue
+        (t0, c0), (t1, c1) = inside[0], inside[-1]
+        out["ages"].append({"from": lo, "to": hi, "readings": len(inside),
+                            "readings_per_s": (len(inside) - 1) / (t1 - t0),
+                            "cpu_pct": 100 * (c1 - c0) / (t1 - t0),
+                            "us_per_reading": 1e6 * (c1 - c0) / (len(inside) - 1)})  # fmt: skip
+    return out
+
+
 def time_to_detect(rate_mib_s: float, max_s: float, hz: float = 10.0) -> dict[str, Any]:
     t_spawn = time.monotonic()
     p = subprocess.Popen([sys.executable, "-c", LEAKER, str(rate_mib_s)], start_new_session=True)
@@ -200,6 +258,19 @@ def run(cfg: Config) -> dict[str, Any]:
                     r["machine_processes"],
                 ]
             )
+    trial = []
+    trows = []
+    seconds_t = cfg.pick(60.0, 4.0)
+    with tempfile.TemporaryDirectory() as tmp:
+        for markers_hz in (0.0, 100.0, 1000.0):
+            cfg.log(f"sampler: a trial printing {markers_hz:g} markers a second, {seconds_t:g} s")
+            r = trial_cost(markers_hz, seconds_t, Path(tmp))
+            trial.append(r)
+            trows += [
+                [f"{markers_hz:g}", f"{a['from']:g}-{a['to']:g}", f"{a['readings_per_s']:.0f}",
+                 f"{a['cpu_pct']:.2f}", f"{a['us_per_reading']:.0f}"]
+                for a in r["ages"]
+            ]  # fmt: skip
     # Rate 0 is the control: the same process without the leak. A rule that fires on it
     # is reacting to the start-up (the 200 MiB baseline being allocated), not to a leak.
     rates = cfg.pick([0.0, 0.5, 2.0, 8.0], [0.0, 8.0])
@@ -241,6 +312,18 @@ def run(cfg: Config) -> dict[str, Any]:
             "is turned off here.",
         ),  # fmt: skip
         table(
+            f"The runner's CPU over a trial, by the trial's age ({seconds_t:g} s runs)",
+            ["markers a second", "age, s", "readings a second", "runner CPU, % of a core",
+             "µs CPU per reading"],
+            trows,
+            "`run_script` (the local executor: supervisor, memory cap, watch loop) on a "
+            "1-process tree holding 50 MiB; the runner's CPU is this process's, read at "
+            "each sample (the watch loop, the marker reader and every reading). 1000 markers "
+            "a second is an unpaced loop of 1 ms steps, the fastest that every step is read: "
+            "at most 3000 marker readings while the run is young, then no closer than the "
+            "clock's period.",
+        ),  # fmt: skip
+        table(
             "Seconds from process start until a rule calls LEAK on the live series "
             f"(sampled as a trial is: {fid[0]['sampling']}; judged every 0.25 s)",
             [
@@ -264,6 +347,7 @@ def run(cfg: Config) -> dict[str, Any]:
         "title": "4. Sampler overhead and fidelity",
         "tables": tables,
         "overhead": over,
+        "trial": trial,
         "fidelity": fid,
         "seconds": seconds,
     }
@@ -282,6 +366,13 @@ def notes(res: dict[str, Any]) -> list[str]:
         "re-listing of the tree (which reads every process's stat file on the machine), so "
         "a sample costs more at 10 Hz, where fewer samples share the re-listing.",
     ]
+    for r in res.get("trial", []):
+        ages = "; ".join(
+            f"{a['from']:g}-{a['to']:g} s {a['cpu_pct']:.2f} % ({a['readings_per_s']:.0f}/s)"
+            for a in r["ages"]
+        )
+        out.append(f"A trial printing {r['markers_hz']:g} markers a second costs its runner, "
+                   f"by age: {ages}.")  # fmt: skip
     for r in res["fidelity"]:
         first, held = r["first_leak_s"], r.get("held_leak_s", {})
         if r["rate_mib_s"] == 0:

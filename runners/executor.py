@@ -86,6 +86,12 @@ log = logging.getLogger(__name__)
 
 _GONE = (psutil.NoSuchProcess, psutil.ZombieProcess, psutil.AccessDenied)
 NO_OWN_USER = "no user of its own (runs as the runner's uid)"
+# How often a trial's tree is re-listed (its cgroup's processes, its descendants; escapes
+# killed): at most every 20 ms, so a double fork hides no longer than that. A re-listing
+# costs about 0.6 ms of CPU, a reading of the listed processes about 0.1 ms: the readings
+# at each step marker and the young run's 100 Hz clock mostly read between re-listings
+# (docs/benchmarks.md section 4).
+REFRESH_S = 0.02
 
 
 class TrialKill:
@@ -222,7 +228,7 @@ class _ScriptRun:
             hz=sample_hz,  # the watch loop keeps the pace; the sampler checks the rate
             gpu=gpu,
             start_time=self.t0,
-            refresh_s=0.0,  # every sample: a double fork cannot hide between refreshes
+            refresh_s=REFRESH_S,
             include_root=False,  # the supervisor is not the trial
             exclude=() if self.supervised.init_pid is None else (self.supervised.init_pid,),
             listed=cap.pids if cap.dirs else None,

@@ -17,7 +17,7 @@ Everything else is here, once:
   a long set-up (a framework imported on a busy machine) must not use up the fast start
   before the loop begins.
   - The clock: a reading at once, then every 1/``hz`` s, faster while the run is young
-    (`CLOCK`): 200 Hz for its first 2 s, so a run of 0.1 s without markers still has 20
+    (`CLOCK`): 100 Hz for its first 2 s, so a run of 0.3 s without markers still has 30
     readings, and 50 Hz until 30 s, so a run of seconds has hundreds; an hour-long run's
     series stays small.
   - The markers: a reading at every step marker, taken as the marker is read (the reader
@@ -61,14 +61,15 @@ LOG_TAIL_BYTES = 4096
 STDERR_TAIL_BYTES = 2048
 _MAX_LINE = 64 * 1024  # longer lines are split; a runaway print cannot eat the runner's memory
 # The clock while the run is young: (age below which, readings a second).
-CLOCK = ((2.0, 200.0), (30.0, 50.0))
+CLOCK = ((2.0, 100.0), (30.0, 50.0))
 FAST_S = CLOCK[-1][0]
-# Marker readings while the run is young: every step of 1 ms or more gets its reading. A
-# reading costs about 100 us of CPU for a small tree, so the budget bounds a loop of short
-# steps to about 0.3 s of CPU in all (docs/benchmarks.md, section 4, measures it).
+# Marker readings while the run is young: every step of 1 ms or more gets its reading, up
+# to the budget (1000 steps: far more than 30 blocks need). A marker reading costs about
+# 0.2 ms of CPU for a small tree (it reads the processes already listed), so a loop of short
+# steps costs its runner about 0.2 s of CPU in all (docs/benchmarks.md, section 4).
 MARKER_HZ = 1000.0
 MARKER_BURST = 20
-MARKER_BUDGET = 3000
+MARKER_BUDGET = 1000
 
 
 @dataclass

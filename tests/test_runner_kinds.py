@@ -70,6 +70,6 @@ def test_the_loop_ends_at_the_run_end_or_its_deadline(end_after: int | None, tim
                                           memory_limit_bytes=1 << 30))  # fmt: skip
     seen = watch(readings, Output(t0, on_marker=readings.at_marker))
     assert (seen.timed_out, source.stopped, seen.stopped_early) == (timed_out, timed_out, None)
-    # 200 Hz for the first seconds: the deadline run took about 60 samples, not 3.
+    # 100 Hz for the first seconds: the deadline run took about 30 samples, not 3.
     assert len(seen.samples) == 3 if end_after else len(seen.samples) >= 10
     assert [s.rss for s in seen.samples] == [(i + 1) << 20 for i in range(len(seen.samples))]

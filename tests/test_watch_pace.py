@@ -17,7 +17,7 @@ from runners.watch import CLOCK, FAST_S, MARKER_BUDGET, MARKER_BURST, MARKER_HZ,
 def test_the_clock_is_fastest_while_the_run_is_young() -> None:
     p = Pace(10.0, began=100.0, now=100.0)
     assert p.due(100.0)
-    assert p.clock_period(100.5) == pytest.approx(1 / CLOCK[0][1])  # 200 Hz: age < 2 s
+    assert p.clock_period(100.5) == pytest.approx(1 / CLOCK[0][1])  # 100 Hz: age < 2 s
     assert p.clock_period(105.0) == pytest.approx(1 / CLOCK[1][1])  # 50 Hz: age < 30 s
     assert p.clock_period(100.0 + FAST_S) == pytest.approx(0.1)  # the job's rate after
     # Never slower than the job asks: at 500 Hz the young run is read at 500 Hz too.
