@@ -135,7 +135,7 @@ from enum import Enum
 from typing import Literal
 
 from engine.analysis import aggregate
-from engine.verdicts import Verdict
+from engine.verdicts import NO_TRANSITION, Verdict
 
 Status = Literal["found", "bounds_failed", "inconclusive", "error"]
 
@@ -651,7 +651,7 @@ def _no_transition(
         }.get(frozenset(seen), "stays bounded (clean or plateau)")
     word = "tested" if not undecided else "judged"
     first, last = candidates[0].version, candidates[-1].version
-    message = f"no transition: every one of the {len(judged)} releases {word} {what} "
+    message = f"{NO_TRANSITION}: every one of the {len(judged)} releases {word} {what} "
     message += f"({first} .. {last})"
     if undecided:
         reasons = ", ".join(f"{candidates[i].version} ({states[i].label})" for i in undecided)
