@@ -111,9 +111,9 @@ Rules, in the order `plan` applies them:
    testable release was looked at.
 
 Cost with `all_transitions`: every testable candidate once (n evaluations, the
-bounds included), wherever the bounds' states, plus two confirmations per side of
-a transition (2t when every re-run decides; fewer when two transitions share a
-candidate), a side whose re-run decides nothing running once more. Hard bound:
+bounds included), whatever the bounds' states, plus one re-run of each side of each
+transition (2t when every re-run decides; fewer when two transitions share a
+candidate), and one more for a side whose re-run decided nothing. Hard bound:
 no candidate is evaluated more than `MAX_EVALUATIONS` times (rule 4; flaky and
 unconfirmed ones are never re-run), so at most 3n evaluations, each of the job's
 `repeats` runs extended to at most `max_runs` while inconclusive: 3n x max_runs
