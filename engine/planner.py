@@ -11,29 +11,59 @@ in the OLD state and the last index in the NEW state:
 - find-fix: OLD = leak, NEW = bounded.
 
 The search looks for the boundary pair (last OLD, first NEW). Everything else a
-candidate can be (untestable, skip, error, inconclusive, flaky) is *unjudgeable*:
-never blamed and, as with `git bisect skip`, stepped around. A *transition* is two
-judged candidates in different states with only unjudgeable or untested ones
-between them; a range is *monotone* when it has one.
+candidate can be (untestable, skip, error, inconclusive, flaky, unconfirmed) is
+*unjudgeable*: never blamed and, as with `git bisect skip`, stepped around. A
+*transition* is two judged candidates in different states with only unjudgeable or
+untested ones between them; a range is *monotone* when it has one.
+
+A candidate's state, from its evaluations (one verdict each, its runs pooled):
+
+- A *decisive* evaluation is leak or bounded (clean and plateau agree). Only decisive
+  evaluations on opposite sides contradict each other: leak against bounded is *flaky*.
+  An inconclusive evaluation contradicts nothing (its runs could not tell), and neither
+  does a skip or an error re-run: a crash, an infrastructure failure or the script's
+  exit 125 on a re-run carries no memory evidence, so it cannot outvote the runs that
+  did (the scheduler's infrastructure retries and the bound messages say why it failed).
+- Some decisive evaluations, all on one side: judged in that state (OLD or NEW),
+  *confirmed* once two of them agree. The scheduler judges an evaluation that ends
+  inconclusive together with the candidate's earlier evaluations' runs
+  (engine/pooled.py `classify_evaluations`), and records that pooled verdict when it
+  agrees with them: the pooled evidence of all the candidate's runs confirms too.
+- One decisive evaluation after `MAX_EVALUATIONS` evaluations: *unconfirmed*, and
+  unjudgeable. Its re-runs (rule 4) decided nothing, pooled or alone, so it cannot be
+  blamed either way; the bound keeps a candidate that stays inconclusive from being
+  re-run for ever.
+- No decisive evaluation: unjudgeable, labelled as `engine.analysis.aggregate` sums
+  its evaluations up (inconclusive before skip before error).
 
 Rules, in the order `plan` applies them:
 
-1. Bounds. A bound judged in the wrong state ends the search (`bounds_failed`);
-   an untestable, skipped or erroring bound ends it with `error` (a skip says
+1. Bounds. A bound judged in the wrong state ends the search (`bounds_failed`;
+   the message points at `all_transitions` when the bounds may agree); an
+   untestable, skipped or erroring bound ends it with `error` (a skip says
    why when the caller knows: `ReleaseState.why`, e.g. the repro cannot run on
-   it); an inconclusive or flaky bound with `inconclusive`. Results of interior
-   candidates evaluated speculatively are ignored then. Unknown bounds are
-   scheduled before anything else, the good/old bound first, so one free slot
-   tests 0, then the last index, then bisects; two slots test both bounds at once.
+   it); an inconclusive, flaky or unconfirmed bound with `inconclusive`. Results
+   of interior candidates evaluated speculatively are ignored then. With
+   `all_transitions`, bounds that agree (both OLD, or both NEW: a leak that
+   starts and stops inside the range, or a clean band inside a leaking one) are
+   no failure: the range is mapped all the same (rules 3 and 6). Only both bounds
+   in the wrong state (a fix searched as a regression, or the reverse) still fail,
+   and a bound in the wrong state waits for the other bound's state before
+   anything ends. Unknown bounds are scheduled before anything else, the good/old
+   bound first, so one free slot tests 0, then the last index, then bisects; two
+   slots test both bounds at once.
 2. Interval. first_new = the lowest index in the NEW state; last_old = the
    highest index below it in the OLD state. An unknown bound counts as if it
    were in its expected state (it is either that or the search stops), which is
    what lets free slots speculate inside the range while bounds are running.
    Inconsistent data (an OLD candidate above a NEW one) is thus resolved
    deterministically towards the first NEW candidate, and said out loud (rule 6).
+   With `all_transitions` the interval steers nothing (rule 3 probes the whole
+   range) and the pair is read from the map (rule 6).
 3. k-section. The candidates that can still move the answer are the unknown
    testable ones inside the open interval (last_old, first_new); with
-   `all_transitions`, every unknown testable candidate of the range. Slots left
+   `all_transitions`, every unknown testable candidate of the range, whatever
+   the bounds' states. Slots left
    after the bounds cut that list into nearly equal parts, by rank among those
    unknowns (not by raw index), so unjudgeable candidates are stepped around by
    construction and untestable ones are never picked. Candidates already running
@@ -41,10 +71,15 @@ Rules, in the order `plan` applies them:
    points go to the largest untested gaps, so a partial map is spread evenly):
    new points go to the largest remaining gaps. Ties prefer the lower index.
 4. Confirm. Once nothing unknown is left there, both sides of the boundary pair
-   (with `all_transitions`: of every transition) must have two evaluations (a
-   bound's first evaluation counts), so each is re-run once. A re-run that
-   disagrees makes the candidate flaky, i.e. unjudgeable, and the search goes on
-   from the new interval (the transitions are read again without it).
+   (with `all_transitions`: of every transition) must be confirmed, by two
+   decisive evaluations (a bound's first evaluation counts), so each is re-run
+   while it has fewer, up to `MAX_EVALUATIONS` evaluations in all (two re-runs at
+   most). A re-run on the opposite side makes the candidate flaky; a re-run that
+   decides nothing (inconclusive, pooled with its earlier runs too; skip; error)
+   leaves it judged and unconfirmed, and it runs again until the bound makes it
+   unconfirmed for good. Either way a candidate that turns unjudgeable is
+   stepped around and the search goes on from the new interval (the transitions
+   are read again without it).
 5. Witness (unless `all_transitions`, or `witness=False`: the scheduler's commit
    stage, whose candidates are each built from source). One evaluation on the NEW
    side, strictly between first_new and the last index: the untested testable
@@ -60,20 +95,34 @@ Rules, in the order `plan` applies them:
    the cost is one evaluation at most (again only when a flaky confirmation
    moves the pair). While any such candidate still runs, the outcome waits.
 6. Outcome. Only unjudgeable candidates (or none) between a confirmed pair:
-   `found` when none, `inconclusive` listing them when some. The outcome also
-   lists every transition the judged candidates show (`transitions`), the
-   candidates that contradict the single boundary (`disagree`: in the OLD state
-   above first_new) and, when there are any, one sentence naming the releases
-   that disagree (`not_monotone`). The status stays that of the first
-   transition: it is a real, confirmed boundary.
+   `found` when none, `inconclusive` listing them when some. With
+   `all_transitions` the pair is the map's first transition into the NEW state
+   (regression: the first that starts leaking; with bounds in their expected
+   states that is rule 2's pair). The outcome also lists every transition the
+   judged candidates show (`transitions`), the candidates that contradict the
+   single boundary (`disagree`: in the OLD state above first_new, or in the NEW
+   state below last_old) and, when there are any, one sentence naming the
+   releases that disagree (`not_monotone`). The status stays that of the pair:
+   it is a real, confirmed boundary. A map that shows no transition ends
+   `bounds_failed` and says so plainly: "no transition: every one of the 10
+   releases tested is clean (1.0.0 .. 1.0.9)", naming the ones that could not be
+   judged (a leak confined to one of them would not show). The bounds did not
+   bracket a change, as a plain search's failed bound says, only now every
+   testable release was looked at.
 
 Cost with `all_transitions`: every testable candidate once (n evaluations, the
-bounds included) plus at most two confirmations per transition (2t; fewer when
-two transitions share a candidate), flaky re-runs aside. No fewer can be
-justified without a model of how releases change: between two judged candidates
-in the same state, an untested one could be the only release that differs from
-both neighbours (a leak turned on in one release and off in the next), and only
-evaluating it can rule that out.
+bounds included), whatever the bounds' states, plus one re-run of each side of each
+transition (2t when every re-run decides; fewer when two transitions share a
+candidate), and one more for a side whose re-run decided nothing. Hard bound:
+no candidate is evaluated more than `MAX_EVALUATIONS` times (rule 4; flaky and
+unconfirmed ones are never re-run), so at most 3n evaluations, each of the job's
+`repeats` runs extended to at most `max_runs` while inconclusive: 3n x max_runs
+trials. No fewer probes can be justified without a model of how releases change:
+between two judged candidates in the same state (both bounds clean, say), an
+untested one could be the only release that differs from both neighbours (a leak
+turned on in one release and off in the next), and only evaluating it can rule
+that out; so a range whose bounds agree is probed like any other, every testable
+release once, and "no transition" means none among all of them.
 
 `Plan(run=(), outcome=None)` means: wait for running evaluations. An outcome can
 be returned while evaluations outside the interval still run; they cannot change
@@ -85,9 +134,19 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Literal
 
-from engine.verdicts import Verdict
+from engine.analysis import aggregate
+from engine.verdicts import NO_TRANSITION, Verdict
 
 Status = Literal["found", "bounds_failed", "inconclusive", "error"]
+
+# Rule 4's bound: a candidate's first evaluation and at most two re-runs. Two, not one:
+# a re-run that decides nothing is often the one noisy moment (a CPU hog, a spike longer
+# than a block), and the third evaluation is judged with all the runs before it; a
+# candidate still undecided after that is borderline on this machine, and more runs of
+# it would only hold the search.
+MAX_EVALUATIONS = 3
+# Said where bounds that agree end a plain search: mapping is what such a range needs.
+MAP_HINT = "to map a range whose bounds agree, use --all-transitions"
 
 
 @dataclass(frozen=True)
@@ -159,24 +218,31 @@ def _verdict_class(verdict: Verdict) -> str:
     return "bounded" if verdict.bounded else verdict.value
 
 
+def _decisive(candidate: ReleaseState) -> int:
+    """How many of the candidate's evaluations said leak or bounded."""
+    return sum(v.decisive for v in candidate.verdicts)
+
+
 def _state(candidate: ReleaseState, find_fix: bool) -> _State:
+    """The candidate's state from its evaluations (the module docstring's list)."""
     if not candidate.testable:
         return _State(_Kind.UNJUDGEABLE, "untestable")
     if not candidate.verdicts:
         return _State(_Kind.UNKNOWN, "unknown")
-    classes = {_verdict_class(v) for v in candidate.verdicts}
-    if len(classes) > 1:
-        # Any disagreement between evaluations (leak vs bounded, or a judged
-        # verdict vs a skip/error/inconclusive re-run) means the candidate did
-        # not reproduce its own verdict: it cannot be blamed either way.
-        return _State(_Kind.UNJUDGEABLE, "flaky")
-    (cls,) = classes
+    sides = {_verdict_class(v) for v in candidate.verdicts if v.decisive}
     label = ", ".join(dict.fromkeys(v.value for v in candidate.verdicts))
-    if cls == "leak":
+    if len(sides) > 1:
+        # Leak against bounded: the candidate did not reproduce its own verdict, so it
+        # cannot be blamed either way. An undecided evaluation beside them changes nothing.
+        return _State(_Kind.UNJUDGEABLE, "flaky")
+    if not sides:
+        return _State(_Kind.UNJUDGEABLE, aggregate(candidate.verdicts).value)
+    if _decisive(candidate) < 2 and len(candidate.verdicts) >= MAX_EVALUATIONS:
+        every = ", ".join(v.value for v in candidate.verdicts)
+        return _State(_Kind.UNJUDGEABLE, f"unconfirmed: {every}")
+    if sides == {"leak"}:
         return _State(_Kind.NEW if not find_fix else _Kind.OLD, label)
-    if cls == "bounded":
-        return _State(_Kind.OLD if not find_fix else _Kind.NEW, label)
-    return _State(_Kind.UNJUDGEABLE, cls)
+    return _State(_Kind.OLD if not find_fix else _Kind.NEW, label)
 
 
 def _outcome(status: Status, message: str) -> Plan:
@@ -187,9 +253,10 @@ def _outcome(status: Status, message: str) -> Plan:
 
 
 def _bound_problem(
-    candidates: Sequence[ReleaseState], states: list[_State], find_fix: bool
+    candidates: Sequence[ReleaseState], states: list[_State], find_fix: bool, mapped: bool
 ) -> Plan | None:
-    """The outcome when a bound cannot anchor the search, else None."""
+    """The outcome when a bound cannot anchor the search, else None. `mapped`
+    (all_transitions): bounds that agree are mapped, not refused (rule 1)."""
     last = len(candidates) - 1
     good, bad = candidates[0].version, candidates[last].version
     good_wrong = states[0].kind is _Kind.NEW
@@ -208,6 +275,10 @@ def _bound_problem(
                 f"({states[last].label}): this looks like a fix; use find-fix"
             )
         return _outcome("bounds_failed", msg)
+    if mapped:
+        # One bound in the wrong state: the bounds agree, or the other is not known yet
+        # (inverted or not, it is scheduled first). Either way nothing ends here.
+        return _unjudgeable_bound(candidates, states, find_fix)
 
     # A bound judged in the wrong state is a definite answer: it outranks a bound
     # that could not be judged at all.
@@ -216,13 +287,13 @@ def _bound_problem(
             msg = f"old bound {good} does not leak ({states[0].label}): find-fix needs it to leak"
         else:
             msg = f"good bound {good} leaks: it must not"
-        return _outcome("bounds_failed", msg)
+        return _outcome("bounds_failed", f"{msg}; {MAP_HINT}")
     if bad_wrong:
         if find_fix:
             msg = f"new bound {bad} still leaks: nothing to bisect"
         else:
             msg = f"bad bound {bad} does not leak ({states[last].label}): nothing to bisect"
-        return _outcome("bounds_failed", msg)
+        return _outcome("bounds_failed", f"{msg}; {MAP_HINT}")
 
     return _unjudgeable_bound(candidates, states, find_fix)
 
@@ -249,6 +320,13 @@ def _unjudgeable_bound(
             return _outcome(
                 "inconclusive",
                 f"{name} {version} is inconclusive: the classifier could not tell whether it leaks",
+            )
+        elif state.label.startswith("unconfirmed"):
+            verdicts = ", ".join(v.value for v in candidates[index].verdicts)
+            return _outcome(
+                "inconclusive",
+                f"{name} {version} is unconfirmed: its evaluations were {verdicts}; "
+                "its re-runs decided nothing, pooled or alone",
             )
         else:
             verdicts = ", ".join(v.value for v in candidates[index].verdicts)
@@ -361,7 +439,7 @@ def _transitions(
     for below, above in zip(judged, judged[1:], strict=False):
         if states[below].kind is not states[above].kind:
             leaks_above = (states[above].kind is _Kind.NEW) != find_fix
-            confirmed = all(len(candidates[i].verdicts) >= 2 for i in (below, above))
+            confirmed = all(_decisive(candidates[i]) >= 2 for i in (below, above))
             found.append(Transition(below, above, leaks_above, confirmed))
     return found
 
@@ -380,7 +458,9 @@ def _not_monotone(
     """One sentence naming the releases that disagree with a single boundary, or None.
 
     The judged candidates in runs of one state, from the first NEW run on:
-    "1.0.3 and 1.0.4 leak, 1.0.6 does not, 1.0.9 leaks again".
+    "1.0.3 and 1.0.4 leak, 1.0.6 does not, 1.0.9 leaks again" (every run when the
+    first is NEW: "1.0.0 to 1.0.2 leak, 1.0.3 to 1.0.5 do not, 1.0.6 to 1.0.9 leak
+    again").
     """
     runs: list[tuple[_Kind, list[str]]] = []
     for candidate, state in zip(candidates, states, strict=True):
@@ -392,9 +472,12 @@ def _not_monotone(
             runs.append((state.kind, [candidate.version]))
     if len(runs) <= 2:
         return None
+    # A first run in the OLD state goes without saying; one in the NEW state (a mapped
+    # range whose bounds agree) is said too.
+    start = 1 if runs[0][0] is _Kind.OLD else 0
     clauses = []
-    leaked = find_fix  # find-fix: the old run (not described) leaks
-    for kind, versions in runs[1:]:
+    leaked = find_fix and start == 1  # find-fix: the old run, not described, leaks
+    for kind, versions in runs[start:]:
         one = len(versions) == 1
         if (kind is _Kind.NEW) != find_fix:
             verb = ("leaks" if one else "leak") + (" again" if leaked else "")
@@ -417,7 +500,7 @@ def _final(
     old_word, new_word = ("last leaking", "first fixed") if find_fix else ("last good", "first bad")
     old_v, new_v = candidates[last_old].version, candidates[first_new].version
     between = tuple(range(last_old + 1, first_new))
-    confirmed = all(len(candidates[i].verdicts) >= 2 for i in (last_old, first_new))
+    confirmed = all(_decisive(candidates[i]) >= 2 for i in (last_old, first_new))
     status: Status
     if not between:
         how = "each confirmed by a second evaluation" if confirmed else "not re-run to confirm"
@@ -430,7 +513,13 @@ def _final(
             f"{new_word} is one of {versions}, {new_v}: {reasons} could not be judged, "
             f"and {old_word} is {old_v}",
         )
-    disagree = tuple(i for i in range(first_new + 1, len(states)) if states[i].kind is _Kind.OLD)
+    # Judged on the wrong side of the pair: OLD above it, or (a mapped range whose bounds
+    # agree) NEW below it.
+    disagree = tuple(
+        i
+        for i, state in enumerate(states)
+        if (i > first_new and state.kind is _Kind.OLD) or (i < last_old and state.kind is _Kind.NEW)
+    )
     outcome = Outcome(
         status,
         last_old,
@@ -477,7 +566,7 @@ def plan(
         return _outcome("error", f"need at least two candidates (a good and a bad bound), got {n}")
     last = n - 1
     states = [_state(c, find_fix) for c in candidates]
-    if (problem := _bound_problem(candidates, states, find_fix)) is not None:
+    if (problem := _bound_problem(candidates, states, find_fix, all_transitions)) is not None:
         return problem
 
     running = {i for i, c in enumerate(candidates) if c.running}
@@ -491,8 +580,11 @@ def plan(
             run.append(bound)
     bounds_known = all(states[b].kind is not _Kind.UNKNOWN for b in (0, last))
 
-    last_old, first_new = _interval(states, last)
-    lo, hi = (1, last - 1) if all_transitions else (last_old + 1, first_new - 1)
+    if all_transitions:  # rule 3: the whole range, whatever the bounds' states
+        lo, hi = 1, last - 1
+    else:
+        last_old, first_new = _interval(states, last)
+        lo, hi = last_old + 1, first_new - 1
     unknowns = [i for i in range(lo, hi + 1) if states[i].kind is _Kind.UNKNOWN]
     # Default: rank among the interval's unknowns (an evaluated unjudgeable candidate is
     # stepped over, not a cut); all transitions: the untested gaps of the whole range, cut
@@ -520,19 +612,49 @@ def _confirm_and_witness(
 ) -> Plan:
     """Rules 4 to 6, once nothing unknown can move the answer; `look`: rule 5 applies."""
     last = len(candidates) - 1
-    last_old, first_new = _interval(states, last)
-    pairs = (
-        [(t.below, t.above) for t in _transitions(candidates, states, find_fix)]
-        if all_transitions
-        else [(last_old, first_new)]
-    )
-    pending = sorted({i for pair in pairs for i in pair if len(candidates[i].verdicts) < 2})
+    transitions = _transitions(candidates, states, find_fix)
+    if all_transitions:
+        pairs = [(t.below, t.above) for t in transitions]
+        # Rule 6: the map's first transition into the NEW state is the pair.
+        first = next((t for t in transitions if states[t.above].kind is _Kind.NEW), None)
+        pair = None if first is None else (first.below, first.above)
+    else:
+        pair = _interval(states, last)
+        pairs = [pair]
+    pending = sorted({i for p in pairs for i in p if _decisive(candidates[i]) < 2})
     pending = pending if confirm else []
     witness, witness_running = (
-        _witness(candidates, running, first_new, last) if look else (None, False)
+        _witness(candidates, running, pair[1], last) if look and pair else (None, False)
     )
     if pending or witness is not None or witness_running:
         run.extend(i for i in pending if i not in running)
         run.extend([] if witness is None else [witness])
         return Plan(run=tuple(run[:free]), outcome=None)
-    return _final(candidates, states, last_old, first_new, find_fix, all_transitions)
+    if pair is None:
+        return _no_transition(candidates, states, find_fix)
+    return _final(candidates, states, *pair, find_fix, all_transitions)
+
+
+def _no_transition(
+    candidates: Sequence[ReleaseState], states: list[_State], find_fix: bool
+) -> Plan:
+    """Rule 6 for a map with no transition: every judged candidate is in one state."""
+    judged = [i for i, s in enumerate(states) if s.kind in (_Kind.OLD, _Kind.NEW)]
+    undecided = [i for i, c in enumerate(candidates) if c.verdicts and i not in judged]
+    seen = {v for i in judged for v in candidates[i].verdicts if v.decisive}
+    if (states[judged[0]].kind is _Kind.NEW) != find_fix:
+        what = "leaks"
+    else:
+        what = {
+            frozenset({Verdict.CLEAN}): "is clean",
+            frozenset({Verdict.PLATEAU}): "plateaus",
+        }.get(frozenset(seen), "stays bounded (clean or plateau)")
+    word = "tested" if not undecided else "judged"
+    first, last = candidates[0].version, candidates[-1].version
+    message = f"{NO_TRANSITION}: every one of the {len(judged)} releases {word} {what} "
+    message += f"({first} .. {last})"
+    if undecided:
+        reasons = ", ".join(f"{candidates[i].version} ({states[i].label})" for i in undecided)
+        them = "it" if len(undecided) == 1 else "them"
+        message += f"; {reasons} could not be judged, so a change confined to {them} would not show"
+    return _outcome("bounds_failed", message)

@@ -97,6 +97,26 @@ leaks, else INCONCLUSIVE, PLATEAU, CLEAN). The candidate's verdict, `classify_ru
   has to say LEAK (measured: that single-run LEAK is how noisy flat runs came out
   LEAK by vote).
 
+Across evaluations, `classify_evaluations`. The planner evaluates a candidate again to
+confirm it (engine/planner.py rule 4), and an evaluation that ends INCONCLUSIVE after its
+`max_runs` runs is judged once more, with every run of the candidate's earlier evaluations
+(`classify_runs` over all of them): an inconclusive evaluation contradicts nothing, and its
+runs beside the earlier ones are more evidence, not a vote against them. The pooled
+verdict is the evaluation's when all of these hold, else it stays INCONCLUSIVE:
+
+- it is the pooled run verdict (two runs or more pooled, the latest evaluation's among
+  them), not a vote: an earlier run that was not pooled (killed by the cap) cannot
+  confirm its own evaluation;
+- it is decisive and on the side of every earlier decisive evaluation (leak, or bounded:
+  clean and plateau agree). Pooling never turns opposing evidence into a verdict: a leak
+  evaluation pooled with runs that come out bounded together is not a confirmation, and a
+  leak evaluation beside a clean one is a contradiction (flaky) that no pooling undoes:
+  the planner reads the evaluations, and those two are both decisive.
+
+The two-run rule above still applies: a leak evaluation of one run and an inconclusive one
+of one run do not convict together. The reason names the evaluations pooled ("pooled over
+N runs across evaluations 1 and 2: ...").
+
 Rates on engine.synthetic traces: bench/classifier.py, "pooled runs" table.
 """
 
@@ -469,3 +489,53 @@ def classify_runs(
         listed = ", ".join(v.value for v in others)
         text += f"; with {len(others)} other runs ({listed}): {verdict.value}"
     return PooledAnalysis(verdict, text, len(pooled), together, host, gpu)
+
+
+def _side(verdict: Verdict) -> str | None:
+    return "leak" if verdict.leaks else "bounded" if verdict.bounded else None
+
+
+def classify_evaluations(
+    earlier: Sequence[tuple[Verdict, Sequence[PooledRun]]],
+    latest: Sequence[PooledRun],
+    settings: ClassifierSettings = ClassifierSettings(),  # noqa: B008 - frozen, safe to share
+) -> PooledAnalysis:
+    """An evaluation that ended inconclusive (`latest`, its runs) judged with the candidate's
+    `earlier` evaluations (each its verdict and its runs): the rules "Across evaluations"
+    in the module docstring."""
+    runs = [r for _, rs in earlier for r in rs] + list(latest)
+    together = classify_runs(runs, settings)
+    pooled = _pooled_runs(runs, settings)
+    span = (
+        f"evaluations 1 and {len(earlier) + 1}"
+        if len(earlier) == 1
+        else f"evaluations 1 to {len(earlier) + 1}"
+    )
+    if together.pooled is None:  # fewer than two runs to pool: nothing new to weigh
+        return PooledAnalysis(
+            Verdict.INCONCLUSIVE, f"too few runs to pool across {span}", together.runs,
+            None, None, None,
+        )  # fmt: skip
+    head = f"pooled over {together.runs} runs across {span}"
+    reason = together.reason.split(": ", 1)[1]  # the part after "pooled over N runs"
+    sides = {_side(v) for v, _ in earlier if v.decisive}
+    agrees = together.verdict.decisive and sides <= {_side(together.verdict)}
+    if (
+        agrees
+        and together.verdict is together.pooled
+        and any(r is p for r in latest for p in pooled)
+    ):
+        return PooledAnalysis(
+            together.verdict, f"{head}: {reason}", together.runs, together.pooled,
+            together.host, together.gpu,
+        )  # fmt: skip
+    why = (
+        f"; {together.verdict.value} against the earlier {'/'.join(sorted(s for s in sides if s))}"
+        " evaluation: kept inconclusive"
+        if together.verdict.decisive and not agrees
+        else ""
+    )
+    return PooledAnalysis(
+        Verdict.INCONCLUSIVE, f"{head}: {reason}{why}", together.runs, together.pooled,
+        together.host, together.gpu,
+    )  # fmt: skip

@@ -31,3 +31,9 @@ class Verdict(StrEnum):
     def decisive(self) -> bool:
         """The run (or candidate) says leak or not-leak; skip, error and inconclusive do not."""
         return self in (Verdict.LEAK, Verdict.CLEAN, Verdict.PLATEAU)
+
+
+# How the outcome of a mapped range (--all-transitions) without a transition begins: the
+# planner words it (status bounds_failed), and the reports lead with it rather than with
+# "a bound failed its check", since no bound failed: the map found nothing.
+NO_TRANSITION = "no transition"

@@ -15,6 +15,7 @@ import re
 from typing import Any
 
 from engine import findings
+from engine.verdicts import NO_TRANSITION
 from service.schemas import Evidence, Report, contradiction_note, transition_line
 from service.text import printable
 
@@ -55,9 +56,14 @@ def headline(report: Report) -> str:
             confirmed = {1: "", 2: ", confirmed twice"}.get(least, f", confirmed {least} times")
         return f"{new_name} {report.first_new}, {old_name} {report.last_old}{confirmed}"
     if report.status == "bounds_failed":
-        return f"a bound failed its check: {_first_line(report.message)}"
+        first = _first_line(report.message)
+        # A mapped range (--all-transitions) with no transition: no bound failed, the map
+        # found nothing, and its line says so.
+        return first if first.startswith(NO_TRANSITION) else f"a bound failed its check: {first}"
     if report.status == "inconclusive":
-        between = ", ".join(report.between) or "none"
+        if not report.between:  # a bound that could not be judged or confirmed
+            return f"inconclusive: {_first_line(report.message)}"
+        between = ", ".join(report.between)
         return f"inconclusive: only unjudgeable releases separate the pair ({between})"
     if report.status in ("queued", "running"):
         return f"{report.status}: no answer yet"

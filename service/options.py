@@ -282,11 +282,14 @@ class JobOptions(BaseModel):
         False,
         flag="--all-transitions",
         panel=WHAT,
-        help="Map every leak/no-leak transition in the range, not just the first: every "
-        "testable release runs once, then both sides of each transition once more (n runs "
-        "plus at most 2 per transition). Without it one extra run above the first bad "
-        "release checks the range for a second transition, and the report says when the "
-        "releases disagree with a single boundary.",
+        help="Map every leak/no-leak transition in the range, not just the first, also when "
+        "the bounds agree (both clean, or both leaking: a band that starts and stops inside "
+        "the range): every testable release runs once, largest untested gap first, then both "
+        "sides of each transition once more (n + 2 per transition evaluations; a side whose "
+        "re-run decides nothing runs once more, no release more than 3 times). A range with "
+        "no transition ends bounds_failed (exit 3), saying so. Without it one extra run above "
+        "the first bad release checks the range for a second transition, and the report says "
+        "when the releases disagree with a single boundary.",
         verdict=False,  # which releases run, not how one is judged
     )
     # How strong a verdict is, not what it says: reuse rule 3 compares it.

@@ -24,7 +24,9 @@ Rules, in code order:
    - its job ran at least as many repeats per evaluation as this one asks;
    - judged by its own trials (not itself a reuse), every evaluation decisive (leak,
      clean, plateau) and agreeing (clean and plateau agree), and never contradicted by
-     another job (rule 6);
+     another job (rule 6). Stricter than the planner, which judges a candidate by its
+     decisive evaluations and lets an inconclusive one beside them pass: a verdict that a
+     re-run of its own could not reproduce is weaker than a fresh one, so it is not lent;
    - each of its deciding runs either ran to its end, or was stopped by the memory-cap
      rule (`CAP_NEAR`: it only stops a run the cap would kill, and an OOM kill with a
      rising floor is a leak in a fresh run too), or was stopped early on a horizon of at
@@ -38,10 +40,14 @@ Rules, in code order:
    pair by running each until it has two evaluations (engine/planner.py rule 4), so the
    job always runs its own boundary pair, and a stale verdict there is caught.
 5. Bounds (`stale_bounds`): a bound in the wrong state on a reused verdict alone would
-   end the job without a run of its own; it is run once first, and the job ends only if
-   that run agrees.
-6. Contradictions (`mark_contradictions`): when a candidate's own runs say leak and an
-   earlier job's candidate of the same key and owners (rule 3) says bounded (or the reverse), the
+   end the job without a run of its own; it is run first, and the job ends only if its
+   own evaluation agrees. One of its own that decides nothing (inconclusive, skip, error:
+   engine/planner.py) leaves the reused verdict alone again, so it runs again, up to the
+   planner's `MAX_EVALUATIONS` in all; after that the planner calls it unconfirmed.
+6. Contradictions (`mark_contradictions`): when a candidate's own decisive evaluations
+   say leak and an earlier job's candidate of the same key and owners (rule 3) says
+   bounded (or the reverse; an inconclusive, skipped or erroring evaluation beside them
+   contradicts nothing, as in the planner), the
    earlier one records this job (`contradicted_by_job`): it is shown as flaky and never
    reused again. A reused candidate whose own run contradicts the verdict it copied
    records the source's job the same way; its evaluations disagree, so the planner calls
@@ -75,6 +81,7 @@ from sqlmodel import Session, col, select
 
 from contract.earlystop import MIN_HORIZON_S
 from engine.analysis import ClassifierSettings
+from engine.planner import MAX_EVALUATIONS
 from engine.verdicts import Verdict
 from service import kinds
 from service.envpolicy import AsReleased
@@ -298,7 +305,8 @@ def try_reuse(session: Session, job: Job, candidate: Candidate) -> bool:
 
 
 def stale_bounds(candidates: list[Candidate], find_fix: bool) -> list[int]:
-    """Rule 5: the bounds (0, last) in the wrong state on a reused verdict alone."""
+    """Rule 5: the bounds (0, last) in the wrong state on a reused verdict alone, with
+    evaluations left before the planner's bound."""
     wrong = {0: "leak", len(candidates) - 1: "bounded"}
     if find_fix:
         wrong = {0: "bounded", len(candidates) - 1: "leak"}
@@ -306,15 +314,18 @@ def stale_bounds(candidates: list[Candidate], find_fix: bool) -> list[int]:
         index
         for index, state in wrong.items()
         if candidates[index].reused_from is not None
-        and len(candidates[index].evaluations) == 1
-        and verdict_class(candidates[index].evaluations) == state
+        and len(candidates[index].evaluations) < MAX_EVALUATIONS
+        and _own_class(candidates[index]) is None
+        and verdict_class(candidates[index].evaluations[:1]) == state
     ]
 
 
 def _own_class(candidate: Candidate) -> str | None:
-    """The class of the candidate's own evaluations (a reused first one left out)."""
+    """The class of the candidate's own decisive evaluations (a reused first one left out;
+    undecided ones contradict nothing), None when it has none or they disagree."""
     own = candidate.evaluations[1:] if candidate.reused_from else candidate.evaluations
-    return verdict_class(own) if own else None
+    decisive = [v for v in own if Verdict(v).decisive]
+    return verdict_class(decisive) if decisive else None
 
 
 def mark_contradictions(session: Session, job: Job, candidates: list[Candidate]) -> None:

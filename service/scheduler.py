@@ -12,6 +12,13 @@ SQLite). Callers commit their own changes before calling either.
 Every ending (concluded, stopped at its budget, cancelled) passes `ended`, in the job's
 transaction: it writes the webhooks the end sends (service/webhooks.py).
 
+Evaluations (`_close_or_extend`): a candidate's `repeats` runs judged together, run
+again while that is inconclusive up to `max_runs`; one that still ends inconclusive is
+judged with the candidate's earlier evaluations' runs (engine/pooled.py
+`classify_evaluations`) and takes that verdict where it agrees with them. The planner
+reads the list of evaluation verdicts (engine/planner.py: only leak against bounded
+contradicts).
+
 Verdict reuse (service/reuse.py, whose rules these follow): a pick that an earlier
 job of the same owner already judged, as strongly as a fresh run would, under the
 same conditions is not queued; its verdict is copied as one evaluation and the
@@ -27,7 +34,7 @@ from sqlalchemy import func
 from sqlmodel import Session, col, select
 
 from engine.planner import Plan, ReleaseState, plan
-from engine.pooled import PooledRun, classify_runs
+from engine.pooled import PooledAnalysis, PooledRun, classify_evaluations, classify_runs
 from engine.verdicts import Verdict
 from service import kinds, pins, pipeline, policy, queue, reuse, stages, webhooks
 from service.envpolicy import EnvPair
@@ -51,11 +58,17 @@ def slots_for(session: Session, job: Job, *, within_s: float = 60) -> int:
     return max(1, len(able))
 
 
-def _close_or_extend(session: Session, job: Job, candidate: Candidate, trials: list[Trial]) -> bool:
-    """Settle the candidate's open evaluation; True while it is still running.
+def _close_or_extend(
+    session: Session, job: Job, candidate: Candidate, trials: list[Trial], earlier: list[Trial]
+) -> bool:
+    """Settle the candidate's open evaluation (`trials`); True while it is still running.
 
     Its runs are judged together (engine/pooled.py) from the floors each run's analysis
-    already holds: microseconds under the job lock, no samples reloaded.
+    already holds: microseconds under the job lock, no samples reloaded. One that ends
+    inconclusive is judged again with the runs of the candidate's earlier evaluations
+    (`earlier`: engine/pooled.py `classify_evaluations`), whose verdict it takes when that
+    agrees with them: an inconclusive evaluation contradicts nothing, and its runs are
+    more evidence for the verdict it was asked to confirm (engine/planner.py rule 4).
     """
     if any(t.status in (TrialStatus.QUEUED, TrialStatus.LEASED) for t in trials):
         return True
@@ -71,12 +84,15 @@ def _close_or_extend(session: Session, job: Job, candidate: Candidate, trials: l
         hints = longer_run_hints([(t.duration_s, steps.get(t.id)) for t in done])  # type: ignore[arg-type]
         add_trials(session, job, candidate, trials[0].evaluation, 1, hints)
         return True
+    pooled = together.to_dict() if together.runs >= 2 else None
+    if together.verdict is Verdict.INCONCLUSIVE and candidate.evaluations:
+        across = _across(job, candidate, done, earlier)
+        together = across if across.verdict.decisive else together
+        pooled = across.to_dict() if across.runs >= 2 else pooled
     verdict = together.verdict
     candidate.evaluations = [*candidate.evaluations, verdict.value]
     candidate.verdict = verdict.value
-    candidate.pooled = (
-        {**together.to_dict(), "evaluation": trials[0].evaluation} if together.runs >= 2 else None
-    )
+    candidate.pooled = None if pooled is None else {**pooled, "evaluation": trials[0].evaluation}
     growth = [
         t.analysis["growth_mib"]
         for t in trials
@@ -85,6 +101,22 @@ def _close_or_extend(session: Session, job: Job, candidate: Candidate, trials: l
     candidate.growth_mib = median(growth) if growth else None
     session.add(candidate)
     return False
+
+
+def _across(
+    job: Job, candidate: Candidate, latest: list[Trial], earlier: list[Trial]
+) -> PooledAnalysis:
+    """The candidate's runs of every evaluation so far judged together (engine/pooled.py
+    `classify_evaluations`): each earlier evaluation its recorded verdict and its runs (none
+    for one copied from another job)."""
+    runs: dict[int, list[PooledRun]] = defaultdict(list)
+    for trial in earlier:
+        if trial.verdict:
+            runs[trial.evaluation].append(_pooled_run(trial))
+    before = [
+        (Verdict(v), runs.get(number, [])) for number, v in enumerate(candidate.evaluations, 1)
+    ]
+    return classify_evaluations(before, [_pooled_run(t) for t in latest], classifier_settings(job))
 
 
 def _pooled_run(trial: Trial) -> PooledRun:
@@ -175,15 +207,19 @@ def _open_evaluations(
     """Settle every candidate's open evaluation; the ids of those still running."""
     by_id = {c.id: c for c in candidates}
     open_trials: dict[int, list[Trial]] = defaultdict(list)
+    closed: dict[int, list[Trial]] = defaultdict(list)  # earlier evaluations' runs
     for trial in trials:
         if trial.status == TrialStatus.CANCELLED or not kinds.judged(trial):
             continue
         if trial.evaluation > len(by_id[trial.candidate_id].evaluations):
             open_trials[trial.candidate_id].append(trial)
+        else:
+            closed[trial.candidate_id].append(trial)
     return {
         c.id
         for c in candidates
-        if c.id in open_trials and _close_or_extend(session, job, c, open_trials[c.id])  # type: ignore[index]
+        if c.id in open_trials
+        and _close_or_extend(session, job, c, open_trials[c.id], closed[c.id])  # type: ignore[index]
     }
 
 

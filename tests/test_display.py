@@ -5,6 +5,7 @@ import io
 from rich.console import Console
 
 from service.cli.display import render_report, sparkline
+from service.markdown import markdown_report
 from service.schemas import Report
 
 
@@ -51,6 +52,35 @@ def test_clean_bad_bound_gets_a_hint() -> None:
         "hint: a leak that grows less than the threshold during one run counts as clean; run "
         "the repro longer (more steps) or lower --min-growth",
     ]
+
+
+def test_a_map_with_no_transition_says_so_first() -> None:
+    """--all-transitions over a range that never changes (engine/planner.py rule 6): its
+    line leads every report, and a clean map gets the same hint as a clean bad bound."""
+    clean = "no transition: every one of the 10 releases tested is clean (1.0.0 .. 1.0.9)"
+    rep = report(status="bounds_failed", message=clean, last_good=None, first_bad=None)
+    lines = text(rep).splitlines()
+    assert lines[:3] == [
+        "leakyfixture: bounds failed",
+        clean,
+        "hint: a leak that grows less than the threshold during one run counts as clean; run "
+        "the repro longer (more steps) or lower --min-growth",
+    ]
+    assert markdown_report(Report.model_validate(rep)).splitlines()[2] == f"**{clean}**"
+    leaking = "no transition: every one of the 10 releases tested leaks (1.0.0 .. 1.0.9)"
+    rep = report(status="bounds_failed", message=leaking, last_good=None, first_bad=None)
+    assert "hint:" not in text(rep)
+
+
+def test_an_unconfirmed_bound_is_the_headline() -> None:
+    message = (
+        "bad bound 1.0.9 is unconfirmed: its evaluations were leak, inconclusive, "
+        "inconclusive; its re-runs decided nothing, pooled or alone"
+    )
+    rep = report(status="inconclusive", message=message, last_good=None, first_bad=None)
+    assert markdown_report(Report.model_validate(rep)).splitlines()[2] == (
+        f"**inconclusive: {message}**"
+    )
 
 
 def test_a_failed_bound_shows_no_dependency_diff() -> None:

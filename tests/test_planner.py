@@ -14,11 +14,14 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from engine.planner import Outcome, Plan, ReleaseState, Transition, plan
+from engine.planner import MAX_EVALUATIONS, Outcome, Plan, ReleaseState, Transition, plan
 from engine.verdicts import Verdict
 
 CLEAN, LEAK, PLATEAU = Verdict.CLEAN, Verdict.LEAK, Verdict.PLATEAU
 SKIP, ERROR, INCONCLUSIVE = Verdict.SKIP, Verdict.ERROR, Verdict.INCONCLUSIVE
+
+# What a plain search adds where its bounds may agree (engine/planner.py rule 1).
+MAP = "; to map a range whose bounds agree, use --all-transitions"
 
 # A truth is one verdict per candidate, or a list consumed one per evaluation
 # (the last one repeats) to script a flaky candidate.
@@ -273,7 +276,7 @@ def test_good_bound_leaks():
     search = simulate(regression(10, 0), 1)
     assert search.visited == [0]  # no need to test the bad bound
     assert search.outcome == Outcome(
-        "bounds_failed", None, None, (), "good bound 1.0.0 leaks: it must not"
+        "bounds_failed", None, None, (), "good bound 1.0.0 leaks: it must not" + MAP
     )
 
 
@@ -281,7 +284,11 @@ def test_bad_bound_is_clean():
     search = simulate(regression(10, 10), 1)
     assert search.visited == [0, 9]
     assert search.outcome == Outcome(
-        "bounds_failed", None, None, (), "bad bound 1.0.9 does not leak (clean): nothing to bisect"
+        "bounds_failed",
+        None,
+        None,
+        (),
+        "bad bound 1.0.9 does not leak (clean): nothing to bisect" + MAP,
     )
 
 
@@ -289,7 +296,9 @@ def test_bad_bound_plateaus():
     truth = regression(10, 10)
     truth[9] = PLATEAU
     search = simulate(truth, 1)
-    assert search.outcome.message == "bad bound 1.0.9 does not leak (plateau): nothing to bisect"
+    assert search.outcome.message == (
+        "bad bound 1.0.9 does not leak (plateau): nothing to bisect" + MAP
+    )
 
 
 def test_inverted_range_suggests_find_fix():
@@ -434,11 +443,11 @@ def test_find_fix_bounds():
     search = simulate(regression(10, 6), 1, find_fix=True)
     assert search.visited == [0]
     assert search.outcome.message == (
-        "old bound 1.0.0 does not leak (clean): find-fix needs it to leak"
+        "old bound 1.0.0 does not leak (clean): find-fix needs it to leak" + MAP
     )
     search = simulate([LEAK] * 10, 1, find_fix=True)
     assert search.visited == [0, 9]
-    assert search.outcome.message == "new bound 1.0.9 still leaks: nothing to bisect"
+    assert search.outcome.message == "new bound 1.0.9 still leaks: nothing to bisect" + MAP
     search = simulate(regression(10, 6), 2, find_fix=True)
     assert search.outcome.message == (
         "old bound 1.0.0 does not leak (clean) and new bound 1.0.9 leaks: "
@@ -504,11 +513,120 @@ def test_flaky_first_bad_then_clean_search_finds_the_real_boundary():
     )
 
 
-def test_confirmation_that_errors_makes_the_candidate_unjudgeable():
-    search = simulate(regression(10, 6, at6=[LEAK, ERROR]), 1)
-    assert search.visited == [0, 9, 4, 6, 5, 5, 6, 7, 7, 8]
-    assert search.outcome.skipped == (6,)
-    assert "1.0.6 (flaky)" in search.outcome.message
+# --- only leak against bounded is a contradiction (issue #35, item 3) ------------------------
+
+
+def test_an_inconclusive_confirmation_is_not_a_contradiction():
+    # 6 leaks, its re-run is inconclusive: not flaky, still the first bad, re-run once
+    # more; that third evaluation leaks and confirms it. Then the witness, 7.
+    search = simulate(regression(10, 6, at6=[LEAK, INCONCLUSIVE, LEAK]), 1)
+    assert search.visited == [0, 9, 4, 6, 5, 5, 6, 6, 7]
+    assert search.outcome == Outcome(
+        "found",
+        5,
+        6,
+        (),
+        "first bad is 1.0.6 and last good is 1.0.5, each confirmed by a second evaluation",
+        (up(5, 6),),
+    )
+
+
+def test_a_bad_bound_whose_confirmation_is_inconclusive_is_not_flaky():
+    # The issue's job: the bad bound leaked, its re-run came out inconclusive, and the job
+    # ended "bad bound ... is flaky: its evaluations disagree (leak, inconclusive)". Now
+    # the re-run decides nothing and the bound runs once more.
+    search = simulate(regression(10, 9, at9=[LEAK, INCONCLUSIVE, LEAK]), 1)
+    assert search.visited == [0, 9, 4, 6, 7, 8, 8, 9, 9]
+    assert search.outcome == Outcome(
+        "found",
+        8,
+        9,
+        (),
+        "first bad is 1.0.9 and last good is 1.0.8, each confirmed by a second evaluation",
+        (up(8, 9),),
+    )
+
+
+def test_a_skipped_or_erroring_re_run_contradicts_nothing():
+    for undecided in (SKIP, ERROR):
+        # 5's re-run decides nothing: the confirmations go in index order, 5 again first.
+        search = simulate(regression(10, 6, at5=[CLEAN, undecided, PLATEAU]), 1)
+        assert search.visited == [0, 9, 4, 6, 5, 5, 5, 6, 7], undecided
+        assert (search.outcome.status, search.outcome.last_old, search.outcome.first_new) == (
+            "found",
+            5,
+            6,
+        )
+
+
+def test_leak_against_clean_is_flaky_whatever_came_between():
+    # 6: leak, then inconclusive (re-run again), then clean: leak against clean is the one
+    # contradiction, and 6 is stepped around as before: 7 is the first bad, found with 6
+    # unjudgeable between.
+    search = simulate(regression(10, 6, at6=[LEAK, INCONCLUSIVE, CLEAN]), 1)
+    assert search.visited == [0, 9, 4, 6, 5, 5, 6, 6, 7, 7, 8]
+    assert search.outcome == Outcome(
+        "inconclusive",
+        5,
+        7,
+        (6,),
+        "first bad is one of 1.0.6, 1.0.7: 1.0.6 (flaky) could not be judged, "
+        "and last good is 1.0.5",
+        (up(5, 7),),
+    )
+
+
+def test_re_runs_that_decide_nothing_stop_at_the_evaluation_bound():
+    # MAX_EVALUATIONS = 3: 6 leaks once, then its two re-runs are inconclusive (or error:
+    # this test pinned "flaky" for an erroring re-run before issue #35). Unconfirmed, it
+    # is stepped around like a flaky one: 7 becomes the first bad.
+    assert MAX_EVALUATIONS == 3
+    for undecided in (INCONCLUSIVE, ERROR):
+        search = simulate(regression(10, 6, at6=[LEAK, undecided]), 1)
+        assert search.visited == [0, 9, 4, 6, 5, 5, 6, 6, 7, 7, 8]
+        assert search.visited.count(6) == MAX_EVALUATIONS
+        assert search.outcome == Outcome(
+            "inconclusive",
+            5,
+            7,
+            (6,),
+            f"first bad is one of 1.0.6, 1.0.7: 1.0.6 (unconfirmed: leak, {undecided.value}, "
+            f"{undecided.value}) could not be judged, and last good is 1.0.5",
+            (up(5, 7),),
+        )
+
+
+def test_an_unconfirmed_bound_ends_the_search_inconclusive():
+    search = simulate(regression(10, 9, at9=[LEAK, INCONCLUSIVE]), 1)
+    assert search.visited == [0, 9, 4, 6, 7, 8, 8, 9, 9]
+    assert search.outcome == Outcome(
+        "inconclusive",
+        None,
+        None,
+        (),
+        "bad bound 1.0.9 is unconfirmed: its evaluations were leak, inconclusive, "
+        "inconclusive; its re-runs decided nothing, pooled or alone",
+    )
+    search = simulate(regression(10, 1, at0=[CLEAN, INCONCLUSIVE]), 1)
+    assert search.visited == [0, 9, 4, 2, 1, 0, 0]
+    assert search.outcome.message == (
+        "good bound 1.0.0 is unconfirmed: its evaluations were clean, inconclusive, "
+        "inconclusive; its re-runs decided nothing, pooled or alone"
+    )
+
+
+def test_a_candidate_is_never_evaluated_more_than_the_bound():
+    """Random truths whose candidates each answer a random script of verdicts: however the
+    re-runs come out, no candidate is evaluated more than MAX_EVALUATIONS times."""
+    verdicts = [CLEAN, LEAK, PLATEAU, INCONCLUSIVE, SKIP, ERROR]
+    most = []
+    for seed in range(200):
+        rng = random.Random(seed)
+        n = rng.randint(2, 12)
+        truth: list[Truth] = [[rng.choice(verdicts) for _ in range(4)] for _ in range(n)]
+        search = simulate(truth, rng.choice([1, 2, 3]), all_transitions=rng.random() < 0.5)
+        most.append(max(search.visited.count(i) for i in range(n)))
+    assert max(most) == MAX_EVALUATIONS  # reached (18 of the 200 draws), never passed
 
 
 # --- running candidates ---------------------------------------------------------------------
@@ -785,10 +903,161 @@ def test_all_transitions_find_fix():
     )
 
 
-def test_all_transitions_still_checks_the_bounds():
-    search = simulate(twice_leaking()[:9] + [CLEAN], 2, all_transitions=True)
-    assert search.outcome.status == "bounds_failed"
-    assert search.outcome.message == "bad bound 1.0.9 does not leak (clean): nothing to bisect"
+def test_all_transitions_still_refuses_inverted_bounds():
+    # A leaking good bound waits for the bad bound (the two may agree); both in the wrong
+    # state is the wrong mode, refused as in a plain search.
+    search = simulate(fixed(10, 5), 1, all_transitions=True)
+    assert search.visited == [0, 9]
+    assert search.outcome == Outcome(
+        "bounds_failed",
+        None,
+        None,
+        (),
+        "good bound 1.0.0 leaks and bad bound 1.0.9 does not (clean): this looks like a fix; "
+        "use find-fix",
+    )
+
+
+# --- all transitions of a range whose bounds agree (issue #35, item 5) ------------------------
+
+
+def band(n: int, inside: Verdict, outside: Verdict, start: int, stop: int) -> list[Truth]:
+    """`outside` everywhere but `start`..`stop` (inclusive), which is `inside`."""
+    return [inside if start <= i <= stop else outside for i in range(n)]
+
+
+def test_all_transitions_maps_a_leaking_band_between_clean_bounds():
+    # Both bounds clean, 1.0.3-1.0.5 leak. The probes go where they go in any map (every
+    # release once, largest untested gap first: the same order as above), then both sides
+    # of the two transitions once more: n + 2t = 14 evaluations.
+    search = simulate(band(10, LEAK, CLEAN, 3, 5), 1, all_transitions=True)
+    assert search.visited == [0, 9, 4, 6, 2, 7, 1, 3, 5, 8, 2, 3, 5, 6]
+    assert search.outcome == Outcome(
+        "found",
+        2,
+        3,
+        (),
+        "first bad is 1.0.3 and last good is 1.0.2, each confirmed by a second evaluation",
+        (up(2, 3), down(5, 6)),
+        (6, 7, 8, 9),
+        "not monotone: 1.0.3 to 1.0.5 leak, 1.0.6 to 1.0.9 do not",
+    )
+    # Two slots: the same releases, two at a time.
+    search = simulate(band(10, LEAK, CLEAN, 3, 5), 2, all_transitions=True)
+    assert search.rounds == [(0, 9), (3, 6), (1, 4), (2, 7), (5, 8), (2, 3), (5, 6)]
+    assert search.outcome.transitions == (up(2, 3), down(5, 6))
+
+
+def test_all_transitions_maps_a_clean_band_between_leaking_bounds():
+    # Both bounds leak, 1.0.3-1.0.5 do not: the pair is the first transition that starts
+    # leaking (1.0.5 | 1.0.6), and the leaking releases below it disagree with it.
+    search = simulate(band(10, CLEAN, LEAK, 3, 5), 1, all_transitions=True)
+    assert search.visited == [0, 9, 4, 6, 2, 7, 1, 3, 5, 8, 2, 3, 5, 6]
+    assert search.outcome == Outcome(
+        "found",
+        5,
+        6,
+        (),
+        "first bad is 1.0.6 and last good is 1.0.5, each confirmed by a second evaluation",
+        (down(2, 3), up(5, 6)),
+        (0, 1, 2),
+        "not monotone: 1.0.0 to 1.0.2 leak, 1.0.3 to 1.0.5 do not, 1.0.6 to 1.0.9 leak again",
+    )
+
+
+def test_all_transitions_find_fix_maps_a_leaking_band_between_fixed_bounds():
+    search = simulate(band(6, LEAK, CLEAN, 2, 3), 1, find_fix=True, all_transitions=True)
+    assert search.visited == [0, 5, 2, 3, 1, 4, 1, 2, 3, 4]
+    assert search.outcome == Outcome(
+        "found",
+        3,
+        4,
+        (),
+        "first fixed is 1.0.4 and last leaking is 1.0.3, each confirmed by a second evaluation",
+        (up(1, 2), down(3, 4)),
+        (0, 1),
+        "not monotone: 1.0.0 and 1.0.1 do not leak, 1.0.2 and 1.0.3 leak, 1.0.4 and 1.0.5 do not",
+    )
+
+
+def test_all_transitions_says_plainly_when_there_is_no_transition():
+    # Every testable release once, nothing to confirm: the bounds did not bracket a change.
+    for truth, what in ((CLEAN, "is clean"), (LEAK, "leaks"), (PLATEAU, "plateaus")):
+        search = simulate([truth] * 10, 1, all_transitions=True)
+        assert search.visited == [0, 9, 4, 6, 2, 7, 1, 3, 5, 8]
+        assert search.outcome == Outcome(
+            "bounds_failed",
+            None,
+            None,
+            (),
+            f"no transition: every one of the 10 releases tested {what} (1.0.0 .. 1.0.9)",
+        )
+    mixed = [CLEAN] * 5 + [PLATEAU] * 5
+    assert simulate(mixed, 3, all_transitions=True).outcome.message == (
+        "no transition: every one of the 10 releases tested stays bounded (clean or plateau) "
+        "(1.0.0 .. 1.0.9)"
+    )
+
+
+def test_no_transition_names_the_releases_it_could_not_judge():
+    truth: list[Truth] = [CLEAN] * 10
+    truth[4], truth[6] = SKIP, INCONCLUSIVE
+    search = simulate(truth, 1, untestable=(8,), all_transitions=True)
+    assert search.visited == [0, 9, 4, 2, 6, 1, 3, 5, 7]
+    assert search.outcome == Outcome(
+        "bounds_failed",
+        None,
+        None,
+        (),
+        "no transition: every one of the 7 releases judged is clean (1.0.0 .. 1.0.9); "
+        "1.0.4 (skip), 1.0.6 (inconclusive) could not be judged, so a change confined to "
+        "them would not show",
+    )
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_all_transitions_maps_ranges_whose_bounds_agree(seed):
+    """Random on/off ranges with any bounds but inverted ones, evaluations finishing one at
+    a time in random order: every transition found and confirmed, each release evaluated
+    once and each transition's sides twice; no transition said as such."""
+    rng = random.Random(2000 + seed)
+    n = rng.randint(2, 30)
+    ends = rng.choice([(CLEAN, CLEAN), (LEAK, LEAK), (CLEAN, LEAK)])
+    truth = [ends[0]] + [rng.choice([CLEAN, LEAK]) for _ in range(n - 2)] + [ends[1]]
+    slots = rng.choice([1, 2, 3, 5])
+    done: list[list[Verdict]] = [[] for _ in range(n)]
+    running: set[int] = set()
+    for _ in range(1000):
+        step = plan(states(done, frozenset(), frozenset(running)), slots, all_transitions=True)
+        assert not running & set(step.run)
+        if step.outcome is not None:
+            break
+        running |= set(step.run)
+        assert running, "planner waits although nothing is running"
+        finished = rng.choice(sorted(running))
+        running.discard(finished)
+        done[finished].append(evaluate(truth[finished], len(done[finished])))
+    else:
+        raise AssertionError("search did not end")
+    expected = tuple(
+        Transition(i, i + 1, truth[i + 1] == LEAK, True)
+        for i in range(n - 1)
+        if truth[i] != truth[i + 1]
+    )
+    outcome = step.outcome
+    assert outcome.transitions == expected
+    members = {i for t in expected for i in (t.below, t.above)}
+    assert [len(d) for d in done] == [2 if i in members else 1 for i in range(n)]
+    if not expected:
+        assert (outcome.status, outcome.first_new) == ("bounds_failed", None)
+        assert outcome.message.startswith(f"no transition: every one of the {n} releases tested")
+    else:
+        pair = next(t for t in expected if t.leaks_above)
+        assert (outcome.status, outcome.last_old, outcome.first_new) == (
+            "found",
+            pair.below,
+            pair.above,
+        )
 
 
 @pytest.mark.parametrize("seed", range(30))

@@ -11,7 +11,7 @@ from sqlalchemy import insert
 from sqlmodel import Session, col, select
 
 from engine.analysis import aggregate, classify_run
-from engine.pooled import PooledRun, classify_runs
+from engine.pooled import PooledRun, classify_evaluations, classify_runs
 from engine.synthetic import SCENARIOS, STEPPED_SCENARIOS, stepped_trace, trace
 from engine.verdicts import Verdict
 from service.cli.display import render_report
@@ -143,13 +143,96 @@ def test_the_pooled_analysis_is_plain_json() -> None:
     assert set(d["host"]) >= {"slope", "slope_low", "slope_high", "tau", "threshold_mib"}
 
 
+# ------------------------------------------- across evaluations (issue #35, item 3)
+
+
+def slow_leak(seed: int) -> PooledRun:
+    """1 MiB a step on 500 MiB under 6 MiB of noise: one run alone is often undecided."""
+    return stepped("leak", seed, noise_mib=6.0, leak_mib_per_step=1.0)
+
+
+@pytest.mark.parametrize("seed", [312, 316])
+def test_a_leak_then_an_inconclusive_evaluation_leak_together(seed: int) -> None:
+    # The issue's bad bound: its first evaluation leaked, its re-run's runs were undecided.
+    # An inconclusive evaluation contradicts nothing: its runs are more evidence.
+    first, *again = [slow_leak(seed + i) for i in range(3)]
+    assert (first.verdict, [r.verdict for r in again]) == (L, [N, N])
+    assert classify_runs(again).verdict is N  # the re-run alone decides nothing
+    across = classify_evaluations([(L, [first])], again)
+    assert (across.verdict, across.pooled, across.runs) == (L, L, 3)
+    assert across.reason.startswith(
+        "pooled over 3 runs across evaluations 1 and 2: leak: host leak: floor slope "
+    )
+
+
+def test_pooling_across_evaluations_can_stay_inconclusive() -> None:
+    first, *again = [slow_leak(330 + i) for i in range(3)]
+    assert (first.verdict, [r.verdict for r in again]) == (L, [N, N])
+    across = classify_evaluations([(L, [first])], again)
+    assert (across.verdict, across.runs) == (N, 3)
+    assert across.reason.startswith("pooled over 3 runs across evaluations 1 and 2: ")
+
+
+def test_two_single_runs_do_not_convict_across_evaluations() -> None:
+    # Pooled rule "two runs": a leak run and an undecided one are no conviction together.
+    first, again = slow_leak(316), slow_leak(317)
+    assert (first.verdict, again.verdict) == (L, N)
+    across = classify_evaluations([(L, [first])], [again])
+    assert across.verdict is N
+    assert across.reason.endswith("two runs cannot tell their spread, a third decides")
+
+
+def test_a_run_cannot_confirm_its_own_evaluation() -> None:
+    # Evaluation 1 leaked on a run the cap killed (never pooled: its vote alone); the re-run's
+    # two noisy flat runs are undecided. All runs together, that one LEAK still wins the
+    # vote, but the pooled evidence says nothing: the evaluation stays inconclusive.
+    killed = PooledRun(L, stepped("leak", 7).analysis, ended_normally=False)
+    again = [stepped("flat", 144 + i, noise_mib=6.0) for i in range(2)]
+    assert [r.verdict for r in again] == [N, N]
+    assert classify_runs([killed, *again]).verdict is L
+    across = classify_evaluations([(L, [killed])], again)
+    assert (across.verdict, across.pooled) == (N, N)
+    # With a single run beside it there is nothing to pool at all.
+    alone = classify_evaluations([(L, [killed])], again[:1])
+    assert (alone.verdict, alone.reason) == (N, "too few runs to pool across evaluations 1 and 2")
+
+
+def test_pooling_never_turns_opposing_evidence_into_a_verdict() -> None:
+    # Evaluation 1: leak (a killed run's vote beside an undecided run); evaluation 2: three
+    # undecided flat runs. Together the four flat runs pool to CLEAN, against evaluation 1:
+    # kept inconclusive, never a clean that would make the candidate flaky by pooling.
+    killed = PooledRun(L, stepped("leak", 7).analysis, ended_normally=False)
+    first, *again = [stepped("flat", seed, noise_mib=6.0) for seed in (113, 118, 124, 129)]
+    assert [r.verdict for r in (first, *again)] == [N, N, N, N]
+    assert classify_runs([killed, first]).verdict is L
+    assert classify_runs(again).verdict is N
+    across = classify_evaluations([(L, [killed, first])], again)
+    assert (across.verdict, across.pooled) == (N, C)
+    assert across.reason.endswith("clean against the earlier leak evaluation: kept inconclusive")
+
+
+@pytest.mark.parametrize("scenario", ["flat", "spikes"])
+def test_pooling_across_evaluations_does_not_confirm_false_leaks(scenario: str) -> None:
+    # A bounded release whose first run came out LEAK by chance (10 MiB of noise, one run
+    # in about 40) and whose re-run of three runs is undecided: pooled, never a leak.
+    cases = confirmed = 0
+    for seed in range(0, 3000, 3):
+        first = stepped(scenario, seed, noise_mib=10.0)
+        if first.verdict is not L:
+            continue
+        again = [stepped(scenario, seed + 100_000 + i, noise_mib=10.0) for i in range(3)]
+        if classify_runs(again).verdict is not N:
+            continue
+        cases += 1
+        confirmed += classify_evaluations([(L, [first])], again).verdict is L
+    assert cases >= 5 and confirmed == 0, (cases, confirmed)
+
+
 # --------------------------------------------------------------- longer-run hints
 
 
 def test_longer_run_hints_double_the_longest_run() -> None:
-    assert longer_run_hints([(30.2, 40), (61.0, None), (None, 90)]) == {
-        "LEAKBISECT_SECONDS": "122"
-    }
+    assert longer_run_hints([(30.2, 40), (61.0, None), (None, 90)]) == {"LEAKBISECT_SECONDS": "122"}
     assert longer_run_hints([(30.0, 40), (20.0, 90)]) == {
         "LEAKBISECT_SECONDS": "60",
         "LEAKBISECT_STEPS": "80",
@@ -301,3 +384,63 @@ def test_two_runs_convict_only_when_both_do_alone() -> None:
     strong = [stepped("leak", 1), stepped("leak", 2)]
     assert [r.verdict for r in strong] == [L, L]
     assert classify_runs(strong).verdict is L
+
+
+# ------------------------------------------------- the scheduler pools across evaluations
+
+
+def run_round(session: Session, job: Job, candidate: Candidate, run: PooledRun) -> None:
+    """Finish the candidate's one queued trial with `run`, then advance the job."""
+    [trial] = queued(session, candidate)
+    finish(session, trial, run, duration=20.0)
+    advance(session, job, 1)
+
+
+def test_an_inconclusive_confirmation_is_pooled_with_the_first_evaluation(
+    session: Session,
+) -> None:
+    job = seed_job(session, max_runs=2, attribute=False)
+    advance(session, job, 1)
+    good, bad = session.exec(select(Candidate).order_by(col(Candidate.position))).all()
+    clean = stepped("flat", 7)
+    first, *again = [slow_leak(312 + i) for i in range(3)]
+    run_round(session, job, good, clean)
+    run_round(session, job, bad, first)  # leak
+    run_round(session, job, good, clean)  # the good bound confirmed
+    run_round(session, job, bad, again[0])  # undecided: a second run, to max_runs
+    run_round(session, job, bad, again[1])  # undecided too: pooled with evaluation 1
+    session.refresh(job)
+    session.refresh(bad)
+    assert (job.status, bad.evaluations) == ("found", ["leak", "leak"])
+    assert job.message is not None and job.message.splitlines()[0] == (
+        "first bad is 1.0.1 and last good is 1.0.0, each confirmed by a second evaluation"
+    )
+    assert bad.pooled is not None
+    assert (bad.pooled["runs"], bad.pooled["evaluation"]) == (3, 2)
+    reason = bad.pooled["reason"]
+    assert reason.startswith("pooled over 3 runs across evaluations 1 and 2: leak: host leak: ")
+    trials = list(session.exec(select(Trial).where(Trial.job_id == job.id)))
+    assert [(t.candidate_id, t.evaluation, t.verdict) for t in trials] == [
+        (good.id, 1, "clean"), (bad.id, 1, "leak"), (good.id, 2, "clean"),
+        (bad.id, 2, "inconclusive"), (bad.id, 2, "inconclusive"),
+    ]  # fmt: skip
+    # The report says the verdict is pooled across evaluations.
+    report = build_report(job, [good, bad], trials)
+    assert report.wire()["candidates"][1]["pooled"] == reason
+    assert f"- 1.0.1: {reason[:60]}" in markdown_report(report)
+
+
+def test_a_leak_and_a_clean_evaluation_are_still_a_contradiction(session: Session) -> None:
+    job = seed_job(session, attribute=False)
+    advance(session, job, 1)
+    good, bad = session.exec(select(Candidate).order_by(col(Candidate.position))).all()
+    run_round(session, job, good, stepped("flat", 7))
+    run_round(session, job, bad, stepped("leak", 1))
+    run_round(session, job, good, stepped("flat", 8))
+    run_round(session, job, bad, stepped("flat", 9))  # clean: decided, nothing to pool
+    session.refresh(job)
+    session.refresh(bad)
+    assert (job.status, bad.evaluations, bad.pooled) == ("inconclusive", ["leak", "clean"], None)
+    assert job.message is not None and job.message.splitlines()[0] == (
+        "bad bound 1.0.1 is flaky: its evaluations disagree (leak, clean)"
+    )

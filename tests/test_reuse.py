@@ -201,7 +201,10 @@ def test_reuse_stays_within_an_owner(session: Session) -> None:
     # Bob's runs disagree with alice's (his runner says nothing leaks): hers stay unmarked.
     bob = seed(session, owner="bob")
     settle(session, bob, first_leak="9.9.9")
-    assert bob.message == "bad bound 1.0.9 does not leak (clean): nothing to bisect"
+    assert bob.message == (
+        "bad bound 1.0.9 does not leak (clean): nothing to bisect; "
+        "to map a range whose bounds agree, use --all-transitions"
+    )
     assert all(c.contradicted_by_job is None for c in rows(session, alice).values())
     # Alice's next job reuses hers and names only her job.
     again = seed(session, owner="alice")
@@ -367,10 +370,41 @@ def test_a_bound_failing_on_a_copied_verdict_that_holds_fails_after_one_run(
     settle(session, second, first_leak="1.0.0")
     assert (second.status, ran(session, second)) == (JobStatus.BOUNDS_FAILED, ["1.0.0"])
     assert second.message == (
-        f"good bound 1.0.0 leaks: it must not\nverdict of 1.0.0 reused from job {first.id}"
+        "good bound 1.0.0 leaks: it must not; to map a range whose bounds agree, use "
+        f"--all-transitions\nverdict of 1.0.0 reused from job {first.id}"
     )
     assert rows(session, second)["1.0.0"].evaluations == ["leak", "leak"]
     assert rows(session, first)["1.0.0"].contradicted_by_job is None
+
+
+def test_a_bound_failing_on_a_copied_verdict_whose_own_runs_decide_nothing_runs_again(
+    session: Session,
+) -> None:
+    # Rule 5 with issue #35's rule: an inconclusive run of its own contradicts nothing and
+    # confirms nothing, so the copied leak is still alone: 1.0.0 runs again, up to the
+    # planner's three evaluations, and the job ends unconfirmed, never failing on the copy.
+    first = seed(session)
+    settle(session, first, first_leak="1.0.0")
+    second = seed(session, max_runs=1)
+    advance(session, second, 1)
+    for _ in range(3):
+        query = select(Trial).where(Trial.job_id == second.id, Trial.status == TrialStatus.QUEUED)
+        for trial in session.exec(query):
+            trial.status, trial.verdict = TrialStatus.DONE, Verdict.INCONCLUSIVE
+            trial.analysis = full_run(False)
+            session.add(trial)
+        session.commit()
+        advance(session, second, 1)
+    assert (second.status, ran(session, second)) == (JobStatus.INCONCLUSIVE, ["1.0.0"] * 2)
+    assert rows(session, second)["1.0.0"].evaluations == ["leak", "inconclusive", "inconclusive"]
+    assert second.message is not None and second.message.splitlines() == [
+        "good bound 1.0.0 is unconfirmed: its evaluations were leak, inconclusive, "
+        "inconclusive; its re-runs decided nothing, pooled or alone",
+        f"verdict of 1.0.0 reused from job {first.id}",
+    ]
+    # Undecided runs contradict nothing: the earlier job's verdict stands.
+    assert rows(session, first)["1.0.0"].contradicted_by_job is None
+    assert rows(session, second)["1.0.0"].contradicted_by_job is None
 
 
 def test_a_fresh_job_marks_the_earlier_verdicts_it_contradicts(session: Session) -> None:
@@ -466,7 +500,10 @@ def test_bobs_jobs_never_answer_alices_and_again_marks_what_it_contradicts(
     settle_service(service, mine, first_leak="1.0.5")
     answer = shown(service, ALICE, mine)
     assert (answer["status"], answer["trials"]) == ("bounds_failed", 1)
-    assert answer["message"] == "good bound 1.0.5 leaks: it must not"
+    assert answer["message"] == (
+        "good bound 1.0.5 leaks: it must not; to map a range whose bounds agree, use "
+        "--all-transitions"
+    )
     assert not any(c["reused"] for c in answer["candidates"])
     assert f"job {fake}" not in answer["message"] and f"job {plain}" not in answer["message"]
     # "Bisect again" runs every release afresh; where its runs disagree, her first job

@@ -96,7 +96,8 @@ def test_an_env_leak_is_kept_to_its_own_key(jobs: dict[str, Any]) -> None:
         answer = report(proc)
         assert (answer["status"], answer["message"]) == (
             "bounds_failed",
-            "good bound 1.0.5 leaks: it must not",
+            "good bound 1.0.5 leaks: it must not; to map a range whose bounds agree, use "
+            "--all-transitions",
         )
         assert answer["trials"] == 1
     assert visited(jobs["db"], 1) == [("1.0.5", "leak")]

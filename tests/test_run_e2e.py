@@ -228,7 +228,10 @@ def test_threshold_above_the_leak_fails_the_bad_bound(
     assert proc.returncode == 3, proc.stderr
     report = json.loads(proc.stdout)
     assert report["status"] == "bounds_failed"
-    assert report["message"] == "bad bound 1.0.6 does not leak (clean): nothing to bisect"
+    assert report["message"] == (
+        "bad bound 1.0.6 does not leak (clean): nothing to bisect; "
+        "to map a range whose bounds agree, use --all-transitions"
+    )
     assert [c["verdict"] for c in report["candidates"]] == ["clean", "clean"]
 
 

@@ -30,7 +30,7 @@ from service.markdown import markdown_report
 from service.models import Job
 from service.report import build_report
 from service.settings import Settings
-from tests.test_run_e2e import cli, run_args
+from tests.test_run_e2e import EXAMPLE_REPRO, cli, run_args
 
 NOT_MONOTONE = (
     "not monotone: 1.0.3 and 1.0.4 leak, 1.0.6 does not, 1.0.9 leaks again; "
@@ -243,6 +243,89 @@ def test_all_transitions_maps_the_range_around_a_release_it_cannot_run(
     row = next(c for c in report["candidates"] if c["version"] == "1.0.1")
     assert (row["verdict"], row["error"]) == ("skip", MISSING)
     assert report["skipped"] == ["1.0.1"]
+
+
+# --- --all-transitions over a range whose bounds agree (issue #35, item 5) ---------------------
+
+BAND_NOT_MONOTONE = "not monotone: 1.0.3 to 1.0.5 leak, 1.0.6 to 1.0.9 do not"
+
+
+@pytest.fixture(scope="module")
+def band_index(reachable_dir: Callable[[str], Path]) -> Iterator[str]:
+    """leakyfixture 1.0.0-1.0.9 leaking only in 1.0.3-1.0.5: a band, both ends clean."""
+    spec = FixtureSpec(
+        leak_ranges=(("1.0.3", "1.0.5"),), yanked={}, foreign_only=None, prerelease=None
+    )
+    with serve_index(build_fixture(reachable_dir("band-wheels"), spec)) as url:
+        yield url
+
+
+def test_all_transitions_maps_a_leaking_band_between_clean_bounds(
+    reachable_dir: Callable[[str], Path], band_index: str, uv_cache: Path
+) -> None:
+    # Both bounds clean: a plain run refuses the range; --all-transitions maps it. Every
+    # release once, then both sides of the two transitions once more: 10 + 2 x 2 runs
+    # (engine/planner.py rules 1, 3, 4 and 6), two at a time.
+    proc, db = bisect(reachable_dir("band-all"), uv_cache, "1.0.0..1.0.9", band_index,
+                      EXAMPLE_REPRO, "--all-transitions", "--jobs", "2")  # fmt: skip
+    assert proc.returncode == 0, proc.stderr  # found: the first transition is confirmed
+    report = json.loads(proc.stdout)
+    band = {"1.0.3", "1.0.4", "1.0.5"}
+    twice = ["1.0.2", "1.0.3", "1.0.5", "1.0.6"]
+    expected = [
+        (v, "leak" if v in band else "clean") for v in [f"1.0.{i}" for i in range(10)] + twice
+    ]
+    ran = visited(db)
+    check_visits(ran, expected)
+    assert [v for v, _ in ran[:2]] == ["1.0.0", "1.0.9"]  # the bounds first
+    assert (report["status"], report["last_good"], report["first_bad"]) == (
+        "found",
+        "1.0.2",
+        "1.0.3",
+    )
+    assert report["transitions"] == [
+        {"before": "1.0.2", "after": "1.0.3", "change": "starts leaking", "confirmed": True,
+         "between": []},
+        {"before": "1.0.5", "after": "1.0.6", "change": "stops leaking", "confirmed": True,
+         "between": []},
+    ]  # fmt: skip
+    assert report["disagree"] == ["1.0.6", "1.0.7", "1.0.8", "1.0.9"]
+    assert report["not_monotone"] == BAND_NOT_MONOTONE
+    assert report["message"].splitlines()[:2] == [
+        "first bad is 1.0.3 and last good is 1.0.2, each confirmed by a second evaluation",
+        BAND_NOT_MONOTONE,
+    ]
+    assert sum(c["trials"] for c in report["candidates"]) == len(ran)
+
+
+def test_a_plain_run_of_the_band_points_at_all_transitions(
+    reachable_dir: Callable[[str], Path], band_index: str, uv_cache: Path
+) -> None:
+    proc, db = bisect(reachable_dir("band-plain"), uv_cache, "1.0.0..1.0.9", band_index,
+                      EXAMPLE_REPRO)  # fmt: skip
+    assert proc.returncode == 3, proc.stderr  # bounds_failed
+    report = json.loads(proc.stdout)
+    assert report["status"] == "bounds_failed"
+    assert report["message"].splitlines()[0] == (
+        "bad bound 1.0.9 does not leak (clean): nothing to bisect; "
+        "to map a range whose bounds agree, use --all-transitions"
+    )
+    check_visits(visited(db), [("1.0.0", "clean"), ("1.0.9", "clean")])
+
+
+def test_a_map_without_a_transition_says_so(
+    reachable_dir: Callable[[str], Path], band_index: str, uv_cache: Path
+) -> None:
+    proc, db = bisect(reachable_dir("band-none"), uv_cache, "1.0.6..1.0.9", band_index,
+                      EXAMPLE_REPRO, "--all-transitions")  # fmt: skip
+    assert proc.returncode == 3, proc.stderr  # bounds_failed: no transition
+    report = json.loads(proc.stdout)
+    assert (report["status"], report["transitions"]) == ("bounds_failed", [])
+    assert report["message"].splitlines()[0] == (
+        "no transition: every one of the 4 releases tested is clean (1.0.6 .. 1.0.9)"
+    )
+    # Bounds first, then the interior, each once.
+    check_visits(visited(db), [(f"1.0.{i}", "clean") for i in (6, 9, 7, 8)])
 
 
 # --- a bound the repro cannot run on ---------------------------------------------------------

@@ -34,7 +34,7 @@ from contract.live import LIVE_FIELDS, LiveFloors
 from contract.wire import EarlyStop, Sample, TrialSpec
 from engine import findings
 from engine.baseenv import FORCED_NOTE
-from engine.verdicts import Verdict
+from engine.verdicts import NO_TRANSITION, Verdict
 from service.cli.errors import outcome_status
 from service.schemas import CandidateRow, Report, contradiction_note, transition_line
 from service.text import printable
@@ -292,7 +292,10 @@ def _headline(console: Console, report: Report) -> None:
         console.print("transitions:")
         for row in report.transitions:
             console.print(f"  {outside(transition_line(row))}", soft_wrap=True)
-    if report.status == "bounds_failed" and "does not leak" in (report.message or ""):
+    message = report.message or ""
+    # A bound that does not leak, or a map (--all-transitions) of releases that all do not.
+    unmoved = message.startswith(NO_TRANSITION) and "leaks (" not in message.splitlines()[0]
+    if report.status == "bounds_failed" and ("does not leak" in message or unmoved):
         console.print(
             "hint: a leak that grows less than the threshold during one run counts as clean; "
             "run the repro longer (more steps) or lower --min-growth"

@@ -46,6 +46,8 @@ EXIT_STATUS: dict[type[LeakbisectError], int] = {
 }
 # "found" stays 0 for a range that is not monotone: its first transition is a confirmed
 # boundary, and the report's first lines (JSON: `not_monotone`) say what else the verdicts show.
+# "bounds_failed" (3) is also a range mapped by --all-transitions that has no transition: as with
+# a failed bound, the bounds do not bracket a change (its message begins "no transition").
 # Keyed by `service.models.JobStatus`'s values (a StrEnum: its members look these up), not its
 # members, so that every command need not import the models (tests/test_cli_startup.py checks
 # the names).

@@ -148,8 +148,9 @@ def run(
     """Bisect a release range locally and report the first leaking release.
 
     Exit status: 0 found (also when the range is not monotone: the report's first lines
-    say which releases disagree), 3 a bound failed its check, 4 inconclusive, 2 bad input,
-    1 internal error or a bound that cannot be tested.
+    say which releases disagree), 3 a bound failed its check (--all-transitions: no
+    transition in the range), 4 inconclusive, 2 bad input, 1 internal error or a bound that
+    cannot be tested.
     """
     if not 1 <= jobs <= MAX_JOBS:
         fail(f"--jobs: {jobs} is out of range; allowed are 1 to {MAX_JOBS}")
