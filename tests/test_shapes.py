@@ -4,7 +4,8 @@ with early stopping replayed as the service would set it for a later trial of th
 
 Each bounded shape is never called a leak, by the classifier or by early stopping; each
 leak shape is found. The verdicts are pinned exactly. One run each, idle (the same heavy
-import under a CPU hog is tests/test_neighbours_e2e.py's, in real bisections).
+import under a CPU hog is tests/test_neighbours_e2e.py's, in real bisections); and once more
+unpaced (no pause between steps), judged by its truth.
 """
 
 from __future__ import annotations
@@ -95,3 +96,26 @@ def test_the_set_up_before_the_first_marker_is_heavy(runs: dict[str, ShapeRun], 
     r = runs[name]
     assert r.first_marker_s is not None and r.first_marker_s > 1.0, r
     assert r.setup_mib > 180, r
+
+
+@pytest.fixture(scope="module")
+def unpaced(tmp_path_factory: pytest.TempPathFactory) -> dict[str, ShapeRun]:
+    """The same scripts without their 0.05 s pause: each step is its own work alone, a few
+    milliseconds (a 40-step loop of 0.05 to 1.5 s), as a user's first repro is written."""
+    work = tmp_path_factory.mktemp("unpaced")
+    return {name: run_shape(shape, work / name, pause=0) for name, shape in SHAPES.items()}
+
+
+@pytest.mark.parametrize("name", list(SHAPES))
+def test_an_unpaced_shape_is_judged_as_its_paced_self(
+    unpaced: dict[str, ShapeRun], name: str
+) -> None:
+    """Before the reading at every marker, 5 of these 11 were 'too few samples' (every leak
+    among them), idle and under a CPU hog; now each is judged, and rightly."""
+    r = unpaced[name]
+    assert (r.exit_code, r.steps) == (0, 40), r
+    if SHAPES[name].truth == "leak":
+        assert r.verdict == "leak", r.reason
+    else:
+        assert r.verdict in ("clean", "plateau"), r.reason
+    assert r.samples >= 40, r  # a reading at every marker at least

@@ -36,6 +36,8 @@ HERE = Path(__file__).resolve().parent
 MIB = 1024 * 1024
 # Well above any shape (the largest holds about 450 MiB), well below the machine.
 MEMORY_LIMIT = 2 * 1024 * MIB
+# Each script's pause between steps (one per script, after its step's work).
+PAUSE = "time.sleep(0.05)"
 
 
 @dataclass(frozen=True)
@@ -108,10 +110,19 @@ def settings_after(duration_s: float, steps: int | None) -> EarlyStop:
     return es
 
 
-def run_shape(shape: Shape, work: Path, python: str = sys.executable) -> ShapeRun:
-    """Run `shape` as a runner would (as this process's user, in `work`) and judge it."""
+def run_shape(
+    shape: Shape, work: Path, python: str = sys.executable, pause: float | None = None
+) -> ShapeRun:
+    """Run `shape` as a runner would (as this process's user, in `work`) and judge it.
+
+    `pause`: seconds between steps instead of the script's 0.05 (0: an unpaced loop, the
+    way a user's first repro is written)."""
     work.mkdir(parents=True, exist_ok=True)
-    ex = run_script(python, shape.script, cwd=work, timeout_s=300,
+    script = shape.script
+    if pause is not None:
+        script = work / shape.script.name
+        script.write_text(shape.script.read_text().replace(PAUSE, f"time.sleep({pause!r})"))
+    ex = run_script(python, script, cwd=work, timeout_s=300,
                     memory_limit_bytes=MEMORY_LIMIT, run_as=None)  # fmt: skip
     t = [s.t for s in ex.samples]
     rss = [s.rss for s in ex.samples]
