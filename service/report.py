@@ -6,6 +6,10 @@ under the names a reader expects: ``last_good``/``first_bad``, or ``last_bad``/`
 for find-fix jobs, in the report and in each `dependency_diff` row. `Report.model_validate`
 reads that wire form back.
 
+A job that ended on a trial's infrastructure failures (service/queue.py) says so first in
+its message, and `Report.infrastructure` holds the failure typed (its cause, host and rule,
+how often and on how many runners): never "untestable", never a skip.
+
 The environment line ends, once per job, with the isolation any of its runs lacked on
 its runner (``trials ran without: ...``, from each trial's `TrialReport.missing_protections`).
 
@@ -25,13 +29,15 @@ from typing import Any
 from sqlmodel import Session, col, select
 
 from contract.envargs import freeze_diff, index_args
+from contract.wire import Failure
 from engine import crash
 from engine.verdicts import Verdict
-from service import kinds, stages
+from service import kinds, queue, stages
 from service.models import Candidate, Job, Trial, TrialStatus
 from service.schemas import (
     CandidateRow,
     Evidence,
+    InfrastructureStop,
     JobPublic,
     Progress,
     Report,
@@ -229,6 +235,26 @@ def environment_line(job: Job, trials: list[Trial]) -> str:
     return line
 
 
+def infrastructure_stop(
+    candidates: list[Candidate], trials: list[Trial]
+) -> InfrastructureStop | None:
+    """The trial whose infrastructure failures ended the job (service/queue.py), as the
+    report's `infrastructure`; None when none did."""
+    spent = next((t for t in trials if queue.infrastructure_spent(t)), None)
+    version = next((c.version for c in candidates if spent and c.id == spent.candidate_id), None)
+    if spent is None or version is None:
+        return None
+    failures = spent.infra_failures
+    last = Failure.model_validate(failures[-1])
+    return InfrastructureStop(
+        version=version,
+        trial=spent.number,
+        tries=len(failures),
+        runners=len({f.get("runner") for f in failures}),
+        **last.model_dump(),
+    )
+
+
 def build_report(
     job: Job, candidates: list[Candidate], trials: list[Trial], linked: Links = NO_LINKS
 ) -> Report:
@@ -258,6 +284,7 @@ def build_report(
         dependency=dependency_section(job, trials),
         attribution=dump(job.attribution),
         commit=dump(job.commit),
+        infrastructure=infrastructure_stop(candidates, trials),
     )
     if last_old and first_new:
         report.dependency_diff = [

@@ -24,7 +24,7 @@ from pydantic import (
     model_validator,
 )
 
-from contract.wire import Sample
+from contract.wire import Cause, Sample
 from service.options import MAX_REPEATS, JobOptions
 
 
@@ -247,6 +247,22 @@ def transition_line(row: TransitionRow) -> str:
     return f"{row.change} {at}, after {row.before}{confirmed}"
 
 
+class InfrastructureStop(BaseModel):
+    """The infrastructure failure a job ended on (service/queue.py, infrastructure rules):
+    never a verdict of the release. `cause`, `host` and `rule` are the runner's latest
+    `contract.wire.Failure` (the host and the rule's words where the job's outbound rule
+    refused it); `tries` how often it failed, on how many `runners`."""
+
+    version: str
+    trial: int
+    tries: int
+    runners: int
+    cause: Cause
+    host: str | None = None
+    rule: str | None = None
+    message: str
+
+
 class FindFirstChange(BaseModel):
     """A package whose version differs between the pair of a find-first job; None: absent
     from that release's environment."""
@@ -352,6 +368,9 @@ class Report(BaseModel):
     dependency: dict[str, Any] | None = None
     attribution: dict[str, Any] | None = None
     commit: dict[str, Any] | None = None
+    # The job ended (status "error", the message says it first) because a trial's
+    # infrastructure failures persisted: a refused host, an index's error, a full disk.
+    infrastructure: InfrastructureStop | None = None
 
     @property
     def names(self) -> tuple[str, str]:
