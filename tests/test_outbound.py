@@ -418,9 +418,9 @@ def test_uv_is_never_connected_where_an_allowed_index_redirects(reachable_tmp: P
         with pytest.raises(envs.EnvError) as resolving:
             envs.resolve_pins(spec, cache_dir=reachable_tmp / "c")
     assert accepted == []
-    rule = "host 127.0.0.1 is not in BISECT_ALLOWED_INDEXES"
-    refused = Failure(cause=Cause.REFUSED, host=f"127.0.0.1:{port}", rule=rule,
-                      message=f"the job's outbound rule refused 127.0.0.1:{port}: {rule}")  # fmt: skip
+    rule, host = "host 127.0.0.1 is not in BISECT_ALLOWED_INDEXES", f"127.0.0.1:{port}"
+    refused = Failure(cause=Cause.REFUSED, host=host, rule=rule,
+                      message=f"the job's outbound rule refused {host}: {rule}")  # fmt: skip
     assert (result.ok, result.error, result.failure) == (False, refused.message, refused)
     assert resolving.value.failure == refused
     assert str(resolving.value) == f"cannot resolve leakyfixture==1.0.0: {refused.message}"
