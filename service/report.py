@@ -44,14 +44,20 @@ from service.schemas import (
     RunEvidence,
     TransitionRow,
     dependency_change,
+    infrastructure_note,
 )
 from service.specs import env_spec
 from service.state import dump
 
 
 def _runs(trials: list[Trial]) -> list[Trial]:
-    """The finished runs of the script (service/kinds.py: no other kind is a run)."""
-    return [t for t in kinds.runs(trials) if t.status == TrialStatus.DONE]
+    """The finished runs of the script (service/kinds.py: no other kind is a run); not one
+    the infrastructure failed until the job ended, which ran nothing."""
+    return [
+        t
+        for t in kinds.runs(trials)
+        if t.status == TrialStatus.DONE and not queue.infrastructure_spent(t)
+    ]
 
 
 def run_error(trial: Trial) -> str | None:
@@ -119,6 +125,8 @@ def candidate_rows(
 ) -> list[CandidateRow]:
     done = _runs(trials)
     tested = {t.candidate_id for t in done}
+    spent = next((t for t in trials if queue.infrastructure_spent(t)), None)
+    failed = {} if spent is None else {spent.candidate_id: _spent_note(spent)}
     return [
         CandidateRow(
             position=c.position,
@@ -140,9 +148,15 @@ def candidate_rows(
             error=_last_error(c, done),
             reproduce=reproduce_command(job, c) if job is not None and c.id in tested else None,
             pooled=(c.pooled or {}).get("reason"),
+            infrastructure=failed.get(c.id),  # type: ignore[arg-type]
         )
         for c in candidates
     ]
+
+
+def _spent_note(trial: Trial) -> str:
+    failures = trial.infra_failures
+    return infrastructure_note(len(failures), len({f.get("runner") for f in failures}))
 
 
 def evidence(candidate: Candidate, trials: list[Trial]) -> Evidence:

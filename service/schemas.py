@@ -5,11 +5,12 @@ answers (jobs, trials, samples, runners' acks), and the typed `Report` of a job 
 `run --json`, `submit --wait`, `status`, the API, the page and the Markdown report all show.
 
 Rules: models, and the words a row is shown in (`transition_line`, `contradiction_note`,
-`reuse_note`: the text report, Markdown and the page say them alike); builders from stored
-rows live in `service.report`, the routes in `service.api`; table models (`service.models`)
-never go on the wire; the runner contract (what runners send and receive) lives in
-`contract.wire`, not here. Pure pydantic: the client (`bisect-cli submit`, `status`, ...)
-reads the API's answers into these models without the server extra.
+`reuse_note`, `infrastructure_note`: the text report, Markdown and the page say them
+alike); builders from stored rows live in `service.report`, the routes in `service.api`;
+table models (`service.models`) never go on the wire; the runner contract (what runners
+send and receive) lives in `contract.wire`, not here. Pure pydantic: the client
+(`bisect-cli submit`, `status`, ...) reads the API's answers into these models without
+the server extra.
 """
 
 from datetime import datetime
@@ -182,6 +183,9 @@ class CandidateRow(BaseModel):
     # "pooled over N runs: ...": its latest evaluation's runs judged together
     # (engine/pooled.py); None when that evaluation had fewer than two runs to pool.
     pooled: str | None = None
+    # Its trial's infrastructure failures ended the job (`Report.infrastructure`): the
+    # note `infrastructure_note` words; None for every other release.
+    infrastructure: str | None = None
 
 
 # How the views name a job of another owner of the trust group.
@@ -194,6 +198,13 @@ def contradiction_note(row: CandidateRow) -> str | None:
     if row.contradicted_by_job is not None:
         return f"flaky: contradicted by job {row.contradicted_by_job}"
     return f"flaky: contradicted by {GROUP_JOB}" if row.contradicted else None
+
+
+def infrastructure_note(tries: int, runners: int) -> str:
+    """The note of the release whose trial the infrastructure failed until the job ended
+    (the text report, Markdown and the page say it alike)."""
+    on = f" on {runners} runners" if runners > 1 else ""
+    return f"no verdict: the infrastructure failed it {tries} times{on}"
 
 
 def reuse_note(row: CandidateRow) -> str | None:
