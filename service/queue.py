@@ -35,7 +35,8 @@ Lease rules
   runner and attempt, and below `INFRA_TRIES` failures the trial is queued again with
   `attempt -= 1` (the script's attempts are not spent) and `infra_runner` = the runner that
   failed it. At `INFRA_TRIES` it is finished: `done`, no verdict, `error` the failure's
-  message; the scheduler then ends the job naming the cause (service/scheduler.py).
+  message; the scheduler then ends the job naming the cause (service/scheduler.py), unless
+  it was a traced run, which is never a verdict and ends only its tracing.
 - Another runner first: `claim` passes over a trial whose latest infrastructure failure was
   on the claiming runner while another runner that could take it is live (active, seen
   within `LIVE_S`, with a GPU when the job needs one), busy or idle: it waits for that one.

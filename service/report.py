@@ -48,6 +48,7 @@ from service.schemas import (
 )
 from service.specs import env_spec
 from service.state import dump
+from service.trials import ending_failure
 
 
 def _runs(trials: list[Trial]) -> list[Trial]:
@@ -125,7 +126,7 @@ def candidate_rows(
 ) -> list[CandidateRow]:
     done = _runs(trials)
     tested = {t.candidate_id for t in done}
-    spent = next((t for t in trials if queue.infrastructure_spent(t)), None)
+    spent = ending_failure(trials)
     failed = {} if spent is None else {spent.candidate_id: _spent_note(spent)}
     return [
         CandidateRow(
@@ -254,7 +255,7 @@ def infrastructure_stop(
 ) -> InfrastructureStop | None:
     """The trial whose infrastructure failures ended the job (service/queue.py), as the
     report's `infrastructure`; None when none did."""
-    spent = next((t for t in trials if queue.infrastructure_spent(t)), None)
+    spent = ending_failure(trials)
     version = next((c.version for c in candidates if spent and c.id == spent.candidate_id), None)
     if spent is None or version is None:
         return None

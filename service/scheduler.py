@@ -39,7 +39,7 @@ from service.models import Candidate, Job, JobStatus, Trial, TrialStatus, utcnow
 from service.specs import longer_run_hints
 from service.state import SearchOutcome, StageStatus
 from service.store import add_trials, candidates_of, steps_printed, trials_of
-from service.trials import classifier_settings, infrastructure_stop, skip_why
+from service.trials import classifier_settings, ending_failure, infrastructure_stop, skip_why
 
 # Marks the lines of job.message that `advance` owns (reuse notes).
 REUSE_MARK = " reused from job "
@@ -276,7 +276,7 @@ def _infrastructure_spent(session: Session, job: Job, trials: list[Trial]) -> st
     (service/queue.py, infrastructure rules): no verdict of any release can be trusted to
     come while the runners cannot build, so the job ends as an error naming the cause,
     never stepping around the release as if it were untestable."""
-    spent = next((t for t in trials if queue.infrastructure_spent(t)), None)
+    spent = ending_failure(trials)
     if spent is None:
         return None
     candidate = session.get(Candidate, spent.candidate_id)

@@ -140,6 +140,15 @@ def _one_line(text: str) -> str:
     return " ".join(text.split())
 
 
+def ending_failure(trials: list[Trial]) -> Trial | None:
+    """The trial whose infrastructure failures end its job (service/queue.py
+    `infrastructure_spent`), if any. A traced run is never a verdict: one the
+    infrastructure failed ends its tracing alone (its error says why), and the answer
+    found before it stands."""
+    deciding = (t for t in trials if not kinds.handler(t.kind).traced)
+    return next((t for t in deciding if queue.infrastructure_spent(t)), None)
+
+
 def infrastructure_stop(trial: Trial, candidate: Candidate, package: str) -> str:
     """The job's message when `trial` ended on its infrastructure failures (service/queue.py
     `infrastructure_spent`): which release, how often, on how many runners, and the last

@@ -24,8 +24,8 @@ from engine.verdicts import Verdict
 from runners import envs, uvrun
 from runners.egress import Egress
 from runners.supervise import run
-from service.models import Job
-from service.trials import judge
+from service.models import Job, Trial
+from service.trials import ending_failure, judge
 from tests.sdist import write_sdist
 from tests.test_outbound import UV_NOT_FOUND, UV_REFUSED, listener
 
@@ -214,3 +214,15 @@ def test_the_script_s_exit_125_is_its_own_skip_and_says_so() -> None:
     )
     crashed = report.model_copy(update={"exit_code": 1})
     assert "skipped" not in judge(job, crashed)[1]
+
+
+def test_only_a_trial_that_decides_ends_the_job_on_its_infrastructure_failures() -> None:
+    """A traced run is never a verdict: its spent failures end its tracing, not the job."""
+    failures = [{"cause": "refused", "message": "m", "runner": "r-1", "attempt": 1}] * 3
+    spent = {"status": "done", "infra_failures": failures}
+    traced = Trial(id=1, job_id=1, candidate_id=1, kind="attribute", **spent)
+    resolving = Trial(id=2, job_id=1, candidate_id=1, kind="resolve", **spent)
+    tried = Trial(id=3, job_id=1, candidate_id=2, kind="run", status="queued",
+                  infra_failures=failures[:2])  # fmt: skip
+    assert ending_failure([traced, tried]) is None
+    assert ending_failure([traced, tried, resolving]) is resolving
