@@ -479,6 +479,8 @@ class Agent:
                 entry.discard()
                 self.trials_done += 1
                 verdict = (answer or {}).get("verdict", "?")
+                if report.infrastructure is not None:  # the server tries it again, or ends
+                    verdict = "no verdict: an infrastructure failure"
                 self.log(f"trial {trial_id}: done ({summary}): {verdict}")
                 return True
             kept = "spooled; " if entry.path is not None else ""

@@ -63,9 +63,11 @@ def _runs(trials: list[Trial]) -> list[Trial]:
 
 def run_error(trial: Trial) -> str | None:
     """Why a run failed, in one line: the runner's own error, else the script's last words;
-    for a skip, the line that says the repro cannot run on the release (service/trials.py)."""
+    for a skip, the line that says the repro cannot run on the release, else which skip it
+    was (service/trials.py `skip_why`: the script's exit 125, uv's no resolution, ...)."""
     if trial.verdict == Verdict.SKIP:
-        return (trial.analysis or {}).get("cannot_run")
+        analysis = trial.analysis or {}
+        return analysis.get("cannot_run") or analysis.get("skipped")
     if trial.verdict != Verdict.ERROR:
         return None
     return trial.error.strip().splitlines()[0] if trial.error else crash.error_line(trial.log_tail)
