@@ -22,11 +22,13 @@ down_revision: str | None = "0018"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 
+STRING = sqlmodel.sql.sqltypes.AutoString
+
 
 def upgrade() -> None:
     with op.batch_alter_table("trial", schema=None) as batch_op:
         batch_op.add_column(sa.Column("infra_failures", sa.JSON(), nullable=True))
-        batch_op.add_column(sa.Column("infra_runner", sqlmodel.sql.sqltypes.AutoString(), nullable=True))
+        batch_op.add_column(sa.Column("infra_runner", STRING(), nullable=True))
 
 
 def downgrade() -> None:
