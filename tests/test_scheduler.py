@@ -441,8 +441,7 @@ def test_the_commit_stage_waits_for_a_runner_to_list_the_commits(session: Sessio
     assert job.status == JobStatus.RUNNING  # the releases are done, the commits are not
     trial = listing_trial(session, job)
     assert (trial.status, session.get(Candidate, trial.candidate_id).version) == (  # type: ignore[union-attr]
-        TrialStatus.QUEUED,
-        "1.0.6",
+        TrialStatus.QUEUED, "1.0.6"
     )
     assert job.commit == {"repo": REPO, "last_good_release": "1.0.5", "first_bad_release": "1.0.6"}
     assert trial_spec(job, candidates(session, job)[6], trial).commit_range == CommitRange(
