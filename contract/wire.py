@@ -17,6 +17,7 @@ So a runner that sends garbage is refused (the API answers 422 naming the field)
 anything is stored, and nothing it sends can make a later request fail.
 """
 
+import errno
 import json
 import math
 from datetime import datetime
@@ -213,6 +214,67 @@ class CommitInfo(Wire):
 MAX_REPORT_COMMITS = 5000
 
 
+class Cause(StrEnum):
+    """Why a build or a run gave no verdict of the release: the one list, three owners.
+
+    The infrastructure's (`infrastructure`): the runner's trouble, never the release's or
+    the script's. The service retries the trial without using an attempt, on another
+    runner where one is live, and ends the job naming the cause when it persists
+    (service/queue.py, infrastructure rules); never a skip, never untestable.
+
+    The release's: the environment truly cannot be built (a skip, stepped around; at a
+    bound the job says which). The script's: its own exit 125 (a skip as well).
+
+    The runner decides the cause from what it knows for sure (runners/uvrun.py `classify`,
+    in this order): the egress proxy's own refusals, then the hosts it could not connect
+    to, uv's timeout, no space left on the device (uv's words or the runner's own
+    ``ENOSPC``), uv's words for a failed request, and last uv's resolver.
+    """
+
+    # Infrastructure.
+    REFUSED = "refused"  # the job's outbound rule refused a host uv asked for
+    UNREACHABLE = "unreachable"  # a host did not answer (connect, name lookup)
+    INDEX_ERROR = "index-error"  # an index or a file host answered an HTTP error status
+    TIMED_OUT = "timed-out"  # uv did not finish within its time
+    DISK_FULL = "disk-full"  # no space left on the runner's device
+    # The release's.
+    NO_RESOLUTION = "no-resolution"  # uv found no set of versions that fits
+    NO_DISTRIBUTION = "no-distribution"  # no wheel or sdist for this platform or Python
+    BUILD_FAILED = "build-failed"  # the release's sdist (or commit) did not build
+    # The script's.
+    SCRIPT_SKIP = "exit-125"  # the script exited 125: it says it cannot test the release
+
+    @property
+    def infrastructure(self) -> bool:
+        return self in _INFRASTRUCTURE
+
+
+_INFRASTRUCTURE = frozenset(
+    {Cause.REFUSED, Cause.UNREACHABLE, Cause.INDEX_ERROR, Cause.TIMED_OUT, Cause.DISK_FULL}
+)
+
+
+class Failure(Wire):
+    """A failed build or trial and its `Cause`, as the job may be told it (docs/security.md,
+    what a job is told): `message` is one line; `host` (``host:port``) and `rule` (the
+    outbound rule's own words) where the cause is a host, the rule's where it refused."""
+
+    cause: Cause
+    message: str = Field(max_length=MAX_ERROR)
+    host: Name | None = None
+    rule: str | None = Field(default=None, max_length=MAX_LINE)
+
+    @classmethod
+    def from_exception(cls, exc: BaseException) -> Self | None:
+        """The failure an exception on the runner is, when it is one of the infrastructure:
+        ``ENOSPC`` (no space left on the device); else None (the runner's own error)."""
+        if isinstance(exc, OSError) and exc.errno == errno.ENOSPC:
+            where = f" ({exc.filename})" if exc.filename else ""
+            return cls(cause=Cause.DISK_FULL,
+                       message=f"no space left on the runner's device{where}")  # fmt: skip
+        return None
+
+
 class EnvResult(Wire):
     """The outcome of building one environment."""
 
@@ -229,6 +291,9 @@ class EnvResult(Wire):
     error: str | None = Field(default=None, max_length=MAX_ERROR)
     # uv found no solution for the pins (a strict mix): the mix is invalid, not guilty.
     unresolvable: bool = False
+    # Why it failed (`Cause`); None: a build that succeeded, or a runner from before causes
+    # (the service then reads a failed build as the release's, as it always did).
+    failure: Failure | None = None
 
 
 class Sample(Wire):
@@ -364,6 +429,18 @@ class TrialReport(Wire):
     # The isolation this trial did not get where the kernel or the runner's rights lacked
     # it, one short phrase each (docs/security.md), e.g. "no network namespace".
     missing_protections: list[Name] = Field(default_factory=list, max_length=20)
+    # A failure outside the build (`env.failure` has the build's): the runner's disk filled
+    # while it prepared the run. None: none.
+    failure: Failure | None = None
+
+    @property
+    def infrastructure(self) -> Failure | None:
+        """The infrastructure failure this report is (`Cause.infrastructure`), if any: no
+        outcome of the release, whatever else the report holds."""
+        for failure in (self.failure, self.env.failure):
+            if failure is not None and failure.cause.infrastructure:
+                return failure
+        return None
 
     @model_validator(mode="after")
     def _ordered_in_time(self) -> Self:

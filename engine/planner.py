@@ -41,8 +41,9 @@ Rules, in the order `plan` applies them:
 1. Bounds. A bound judged in the wrong state ends the search (`bounds_failed`;
    the message points at `all_transitions` when the bounds may agree); an
    untestable, skipped or erroring bound ends it with `error` (a skip says
-   why when the caller knows: `ReleaseState.why`, e.g. the repro cannot run on
-   it); an inconclusive, flaky or unconfirmed bound with `inconclusive`. Results
+   which reason it was, given by the caller: `ReleaseState.why`, e.g. the script
+   exited 125, uv found no resolution, the repro cannot run on it); an
+   inconclusive, flaky or unconfirmed bound with `inconclusive`. Results
    of interior candidates evaluated speculatively are ignored then. With
    `all_transitions`, bounds that agree (both OLD, or both NEW: a leak that
    starts and stops inside the range, or a clean band inside a leaking one) are
@@ -158,7 +159,8 @@ class ReleaseState:
     verdicts: tuple[Verdict, ...] = ()  # one per completed evaluation (trials aggregated)
     running: bool = False  # an evaluation is in progress
     # Why a skipped release could not be judged, worded to follow "cannot be tested: "
-    # (e.g. "the repro cannot run on it (ImportError: ...)"); None: the generic reason.
+    # (e.g. "its script exited 125 (...)", "uv found no resolution: ...", "the repro
+    # cannot run on it (ImportError: ...)"); None: the caller does not know.
     why: str | None = None
 
 
@@ -311,9 +313,7 @@ def _unjudgeable_bound(
         if state.label == "untestable":
             why = "it has no installable distribution"
         elif state.label == "skip":
-            why = candidates[index].why or (
-                "its script skipped it (exit 125 or no buildable environment)"
-            )
+            why = candidates[index].why or "it was skipped (its runs gave no reason)"
         elif state.label == "error":
             why = "its evaluation failed (crash or infrastructure error)"
         elif state.label == "inconclusive":

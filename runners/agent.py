@@ -16,7 +16,12 @@ moment the script starts (uv builds are not interrupted).
 
 A trial whose machine failed under it (`contract.errors.InfrastructureFailure`: a Slurm
 node failed, the job was preempted) has no outcome: its lease is given back, so it is
-queued again without using an attempt, and the log says why.
+queued again without using an attempt, and the log says why. A trial the infrastructure
+failed in a way the runner can name (`contract.wire.Cause`: a host the egress rule refused,
+an index's error, uv's timeout, a full disk, in the build's `EnvResult.failure` or the
+report's own `failure`) is reported like any other: the service retries it, on another
+runner where one is live, and ends the job naming the cause when it persists
+(service/queue.py, infrastructure rules).
 
 Stopping (`stop()`, SIGTERM or SIGINT through `install_signal_handlers`): no
 new leases; a running trial may finish within ``grace_s`` (and is reported as
@@ -68,6 +73,7 @@ from contract.executor import Executor, Kill
 from contract.live import LiveFloors
 from contract.wire import (
     EnvResult,
+    Failure,
     Heartbeat,
     Lease,
     LeaseReturn,
@@ -190,6 +196,7 @@ class _Trial:
                 attempt=self.spec.attempt,
                 env=EnvResult(ok=True),
                 error=clip(f"runner: {type(exc).__name__}: {exc}"),
+                failure=Failure.from_exception(exc),  # a full disk: the infrastructure's
             )
 
     def on_start(self, kill: Kill) -> None:
@@ -472,6 +479,8 @@ class Agent:
                 entry.discard()
                 self.trials_done += 1
                 verdict = (answer or {}).get("verdict", "?")
+                if report.infrastructure is not None:  # the server tries it again, or ends
+                    verdict = "no verdict: an infrastructure failure"
                 self.log(f"trial {trial_id}: done ({summary}): {verdict}")
                 return True
             kept = "spooled; " if entry.path is not None else ""

@@ -18,8 +18,12 @@ when it is made:
    could otherwise carry a request for another host to this one).
 5. Bytes are then copied both ways until either side closes; the proxy never reads them.
 
-Refusals are logged on the runner with the rule's reason; uv sees only the 403, and the
-job only `runners.uvrun.FETCH_FAILED`.
+Refusals are logged on the runner with the rule's reason; uv sees only the 403. The proxy
+keeps what it decided (`Egress.refusals`: the ``host:port`` asked for and the rule's one
+line; `Egress.unreachable`: the ``host:port`` it was allowed to connect to and could not),
+and a build that fails reads them first (`runners.uvrun.classify`): they are the job's
+own URLs' hosts, judged by the job's own rule, and are what the job is told of a refused
+build (docs/security.md, what a job is told). uv's own words stay on the runner.
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ import logging
 import socket
 import threading
 from collections.abc import Iterator
+from dataclasses import dataclass
 
 from contract import outbound
 from contract.outbound import Reach, Refused
@@ -41,12 +46,23 @@ CONNECT_TIMEOUT_S = 30.0
 _CHUNK = 64 * 1024
 
 
+@dataclass(frozen=True)
+class Refusal:
+    """One connection the rule refused: ``host:port`` as asked (the request's target
+    when it is not a URL with a host) and the rule's one-line reason."""
+
+    host: str
+    reason: str
+
+
 class Egress:
     """The proxy for one build: `url` while it runs (see the module docstring)."""
 
     def __init__(self, reach: Reach) -> None:
         self.reach = reach
-        self.refused: list[str] = []  # "host:port: reason", for the runner's log and tests
+        self.refused: list[str] = []  # "target: reason", for the runner's log and tests
+        self.refusals: list[Refusal] = []
+        self.unreachable: list[str] = []  # "host:port" allowed but not connected to
         self._server = socket.create_server(("127.0.0.1", 0))
         self.url = f"http://127.0.0.1:{self._server.getsockname()[1]}"
         self._thread = threading.Thread(target=self._accept, name="egress", daemon=True)
@@ -108,11 +124,16 @@ class Egress:
             allowed = outbound.check(url, self.reach)
         except Refused as exc:
             self.refused.append(f"{target}: {exc}")
+            self.refusals.append(Refusal(_host_port(url) or target, str(exc)))
             log.warning("egress refused %s: %s", target, exc)
             raise _Answer(403, "refused by the job's outbound rule") from None
         host, port = allowed.target.host, allowed.target.port
         where = [str(a) for a in allowed.addresses] or [host]
-        upstream = _connect(where, port)
+        try:
+            upstream = _connect(where, port)
+        except _Answer:
+            self.unreachable.append(_joined(host, port))
+            raise
         if method == "CONNECT":
             return upstream, None
         path = _origin_form(target)
@@ -137,6 +158,19 @@ class _Answer(Exception):
             f"HTTP/1.1 {self.status} {self.reason}\r\nContent-Length: {len(body)}\r\n"
             "Connection: close\r\n\r\n"
         ).encode() + body
+
+
+def _joined(host: str, port: int) -> str:
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+def _host_port(url: str) -> str | None:
+    """``host:port`` of `url`, None when it has none the rule could read."""
+    try:
+        target = outbound.parse(url)
+    except Refused:
+        return None
+    return _joined(target.host, target.port)
 
 
 def _read_head(client: socket.socket) -> tuple[bytes, bytes]:
@@ -185,10 +219,11 @@ def _pipe(a: socket.socket, b: socket.socket) -> None:
 
 
 @contextlib.contextmanager
-def egress(reach: Reach | None) -> Iterator[dict[str, str]]:
-    """The proxy variables for uv under `reach`, or none (no rule: the user's own job)."""
+def egress(reach: Reach | None) -> Iterator[Egress | None]:
+    """The proxy for uv under `reach` (its variables: `Egress.env`), or None (no rule: the
+    user's own job, no proxy)."""
     if reach is None:
-        yield {}
+        yield None
         return
     with Egress(reach) as proxy:
-        yield proxy.env()
+        yield proxy

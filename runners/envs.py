@@ -69,22 +69,21 @@ from contract import outbound
 from contract.envargs import index_args, utc
 from contract.errors import Unavailable
 from contract.paths import uv_cache_dir
-from contract.wire import EnvResult, EnvSpec, clip
+from contract.wire import Cause, EnvResult, EnvSpec, Failure, clip
 from runners import publish, safefs
-from runners.egress import egress
+from runners.egress import Egress, egress
 from runners.publish import PublishError, create_file, owner_key, replace_file
 from runners.sandbox import give, private_dir
 from runners.users import Identities, blocked_by, identities
 from runners.uvrun import (
     ERROR_LINES,
-    FETCH_FAILED,
     NO_SOLUTION,
     QUICK_TIMEOUT_S,
     EnvError,
     blocked_for_all,
+    classify,
     find_python,
     meaningful,
-    network_failure,
     one_line_reason,
     run_uv,
     running_python,
@@ -453,13 +452,15 @@ def resolve_pins(
             "--no-header", "--no-annotate", "--no-strip-markers",
             *index_args(spec),
         ]  # fmt: skip
-        proc = run_uv(cmd, uv_env(cache, home=tmp) | git | proxy, None, cwd=tmp, ids=ids)
+        routed = proxy.env() if proxy is not None else {}
+        proc = run_uv(cmd, uv_env(cache, home=tmp) | git | routed, None, cwd=tmp, ids=ids)
     if proc.returncode != 0:
         reason = one_line_reason(proc.stderr)
-        if spec.reach is not None and network_failure(proc.stderr):
+        failure = classify(proc, proxy, ruled=spec.reach is not None)
+        if failure is not None and failure.cause.infrastructure:
             log.warning("resolving %s: %s", pin, reason)  # uv's words stay on the runner
-            reason = FETCH_FAILED
-        raise EnvError(f"cannot resolve {pin}: {reason}")
+            reason = failure.message
+        raise EnvError(f"cannot resolve {pin}: {reason}", failure=failure)
     pins = []
     for line in proc.stdout.splitlines():
         text = line.split(" #", 1)[0].strip()
@@ -496,6 +497,7 @@ class _Build:
     cache: Path | None = None
     env: dict[str, str] = field(default_factory=dict)
     home: Path | None = None
+    proxy: Egress | None = None  # the job's outbound rule's proxy (None: no rule)
 
     @property
     def venv(self) -> Path:
@@ -582,25 +584,33 @@ class _Build:
         base = find_python(self.spec.python, cache_dir=self.cache)
         proc = self.uv("venv", "--no-project", "--relocatable", "--python", base, str(venv))
         if proc.returncode != 0:
-            return self.result(ok=False, error=meaningful(proc.stderr) or "uv venv failed")
+            failure = classify(proc, self.proxy, ruled=self.spec.reach is not None)
+            return self.result(ok=False, error=meaningful(proc.stderr) or "uv venv failed",
+                               failure=failure)  # fmt: skip
         proc, resolution, note = self.install(pin, constraints)
         if proc.returncode != 0 and resolution == "strict" and NO_SOLUTION in proc.stderr:
             # an invalid mix: a skip for the caller, not the candidate's fault
             reason = one_line_reason(proc.stderr)
-            return self.result(ok=False, error=reason, resolution=resolution, unresolvable=True)
+            failure = Failure(cause=Cause.NO_RESOLUTION, message=reason)
+            return self.result(ok=False, error=reason, resolution=resolution, unresolvable=True,
+                               failure=failure)  # fmt: skip
         if proc.returncode != 0:
             message = meaningful(proc.stderr) or f"uv pip install exited with {proc.returncode}"
-            if self.spec.reach is not None and network_failure(proc.stderr):
+            failure = classify(proc, self.proxy, ruled=self.spec.reach is not None)
+            if failure is not None and failure.cause.infrastructure:
                 self.say(f"uv pip install: {message}")  # uv's words stay on the runner
-                message = FETCH_FAILED
-            return self.result(ok=False, error=message, resolution=resolution, resolution_note=note)
+                message = failure.message
+            return self.result(ok=False, error=message, resolution=resolution,
+                               resolution_note=note, failure=failure)  # fmt: skip
         freeze = self.freeze()
         if freeze is None:
             return self.result(ok=False, error="uv pip freeze failed on the new environment")
         try:
             self.publish(base, freeze, resolution, note)
         except (PublishError, OSError) as exc:
-            return self.result(ok=False, error=f"the build cannot be published: {exc}")
+            failure = Failure.from_exception(exc)
+            return self.result(ok=False, error=f"the build cannot be published: {exc}",
+                               failure=failure)  # fmt: skip
         return self.result(
             ok=True,
             path=str(self.final),
@@ -770,9 +780,10 @@ def build_env(
         ):
             build.staging = publish.staging_dir(root, key, ids.build)
             try:
-                build.cache, build.home, build.inputs = cache, home, inputs
+                build.cache, build.home, build.inputs, build.proxy = cache, home, inputs, proxy
+                routed = proxy.env() if proxy is not None else {}
                 build.env = uv_env(cache, link_from=root, home=home,
-                                   copy=ids.build is not None) | git | proxy  # fmt: skip
+                                   copy=ids.build is not None) | git | routed  # fmt: skip
                 _trust_clone(spec, home, ids)
                 return build.build(pin, constraints)
             finally:

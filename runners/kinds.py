@@ -16,6 +16,10 @@ run phase is the executor's own (`runners.executor`; the run container).
 * ``resolve``: no script; `runners.envs.resolve_pins` (``uv pip compile``, sandboxed as any
   build) and a report with ``pins``, or ``env.ok=False`` and ``env.error`` when the
   requirements cannot be resolved.
+
+A failed build or resolution says why in ``env.failure`` (`contract.wire.Cause`:
+`runners.uvrun.classify` for uv's failures, ``ENOSPC`` for the runner's own), in every
+executor alike: the Docker executor's build container and a Slurm job run this same work.
 * ``commits``: no script, no build; `runners.commits.answer` lists the commits of
   `TrialSpec.commit_range` (a blob-less clone cached in the git cache: `runners.gitcache`,
   `runners.gitrun`) into ``commits``, or says why in ``env.error``. It reads a repository
@@ -43,6 +47,7 @@ from contract.wire import (
     CommitRange,
     EnvResult,
     EnvSpec,
+    Failure,
     Tracer,
     TrialKind,
     TrialReport,
@@ -82,16 +87,27 @@ def _build(env: EnvSpec, dirs: Dirs, owner: str | None, log: Log | None) -> dict
     try:
         result = build_env(env, root=dirs.env_root, cache_dir=dirs.uv_cache, log=log, owner=owner)
     except EnvError as exc:
-        result = EnvResult(ok=False, error=clip(str(exc)))
+        result = EnvResult(ok=False, error=clip(str(exc)), failure=exc.failure)
+    except OSError as exc:
+        if (failure := Failure.from_exception(exc)) is None:
+            raise
+        result = EnvResult(ok=False, error=failure.message, failure=failure)
     return result.model_dump(mode="json")
 
 
 def _resolve(env: EnvSpec, dirs: Dirs, owner: str | None, _log: Log | None) -> dict[str, Any]:
     started = time.monotonic()
+    failure: Failure | None = None
     try:
         out: dict[str, Any] = {"pins": resolve_pins(env, cache_dir=dirs.uv_cache, owner=owner)}
     except EnvError as exc:
-        out = {"error": str(exc)}
+        out, failure = {"error": str(exc)}, exc.failure
+    except OSError as exc:
+        if (failure := Failure.from_exception(exc)) is None:
+            raise
+        out = {"error": failure.message}
+    if failure is not None:
+        out["failure"] = failure.model_dump(mode="json")
     return out | {"seconds": round(time.monotonic() - started, 3)}
 
 
@@ -116,11 +132,14 @@ class Ready:
 
 
 def built_env(answer: dict[str, Any]) -> EnvResult:
-    """The build phase's `EnvResult`, or a failed one from an answer that is none."""
+    """The build phase's `EnvResult`, or a failed one from an answer that is none (with
+    the answer's `Failure`, where it says one: a resolution an index's error stopped)."""
     if "ok" in answer:
         return EnvResult.model_validate(answer)
+    said = answer.get("failure")
+    failure = None if said is None else Failure.model_validate(said)
     return EnvResult(ok=False, error=clip(str(answer.get("error") or "build failed")),
-                     seconds=float(answer.get("seconds") or 0.0))  # fmt: skip
+                     seconds=float(answer.get("seconds") or 0.0), failure=failure)  # fmt: skip
 
 
 def _report(spec: TrialSpec, env: EnvResult, **fields: Any) -> TrialReport:

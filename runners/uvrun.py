@@ -15,6 +15,16 @@ always copies when the runner is root: `runners.envs` publishes environments as 
 and a hard link would make the build user's cache file and the published one the same
 inode).
 
+`classify` says why a uv command failed (`contract.wire.Cause`), from what the runner knows
+for sure, in this order: the egress proxy's own refusals (the strongest evidence: the
+proxy decided them), the hosts it was allowed to reach and could not, the supervisor's
+timeout (exit 124, its own words), no space left on the device, uv's words for a failed
+request (an HTTP error status, a timeout, a connection), then uv's resolver (no version
+fits; no wheel or sdist for the platform or Python) and a build that failed. None where
+uv's words say none of these (the caller keeps uv's message, a failure of the release as
+it always was). Under a rule (`EnvSpec.reach`) the job is told only what the proxy
+decided and the cause's own words, never uv's (docs/security.md, what a job is told).
+
 `find_python` picks an interpreter the build *and* trial users can run: with the runner
 as root, pyenv's interpreters under /root (mode 0700) are not, and the error names the
 directory that blocks. `uv_bin` is the one way leakbisect finds uv.
@@ -32,6 +42,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 from contract.errors import InvalidInput, Unavailable
+from contract.wire import Cause, Failure
+from runners.egress import Egress
 from runners.sandbox import allowed_env, private_dir
 from runners.supervise import run
 from runners.users import Identities, blocked_by, identities
@@ -49,20 +61,45 @@ _CHATTER = re.compile(
 )
 NO_SOLUTION = "No solution found when resolving"
 # uv's words for a request that failed on the way (refused, unreachable, timed out, an HTTP
-# error status): what an index or a file URL answered, or that nothing did.
+# error status): what an index or a file URL answered, or that nothing did. Not "Failed to
+# download and build", uv's heading for a build that failed after its download.
 _NETWORK = re.compile(
-    r"Failed to (fetch|download)|error sending request|Request failed after"
-    r"|HTTP status (client|server) error|tcp connect error|dns error|operation timed out",
+    r"Failed to fetch|Failed to download(?! and build)|error sending request"
+    r"|Request failed after|HTTP status (client|server) error|tcp connect error|dns error"
+    r"|operation timed out",
     re.IGNORECASE,
 )
-# What a job under the outbound rule is told instead (docs/security.md): uv has no way to
-# refuse a redirect or a file URL an index lists, so its words would tell a job which
-# addresses and ports answer behind the runner. The runner's log keeps them.
+_HTTP_STATUS = re.compile(r"HTTP status (?:client|server) error \((\d{3})")
+_REQUEST_TIMED_OUT = re.compile(r"operation timed out|timed out after", re.IGNORECASE)
+_NO_SPACE = re.compile(r"No space left on device|os error 28\b")
+# The supervisor's words for a command it stopped at its timeout (runners/supervise.py).
+_STOPPED = re.compile(r"^error: .* timed out after \d+ s$", re.MULTILINE)
+# uv's resolver, when what is missing is a distribution for this platform or Python.
+_NO_DISTRIBUTION = re.compile(
+    r"has no wheels with a matching|has no (?:usable )?(?:source distribution|wheels? )"
+    r"|no wheels (?:are )?available|only has wheels with",
+    re.IGNORECASE,
+)
+# uv's words for a release whose build failed (its sdist's backend, a commit's).
+_BUILD_FAILED = re.compile(
+    r"Failed to build|Failed to download and build|Build backend failed|failed to build"
+)
+# What a job under the outbound rule is told of a failed request the proxy did not decide
+# (docs/security.md): uv has no way to refuse a redirect or a file URL an index lists, so
+# its words would tell a job which addresses and ports answer behind the runner. The
+# runner's log keeps them.
 FETCH_FAILED = "uv could not fetch from the index or a file it lists (details in the runner's log)"
 
 
 class EnvError(InvalidInput):
-    """A spec that cannot be built as asked; the message is one line."""
+    """A spec that cannot be built as asked; the message is one line. `failure`: why, where
+    the runner knows (`classify`), e.g. a resolution that an index's error stopped."""
+
+    def __init__(
+        self, message: str, *, field: str | None = None, failure: Failure | None = None
+    ) -> None:
+        super().__init__(message, field=field)
+        self.failure = failure
 
 
 # --------------------------------------------------------------------------- uv's messages
@@ -78,6 +115,69 @@ def meaningful(text: str, limit: int = ERROR_LINES) -> str:
 def network_failure(stderr: str) -> bool:
     """Whether uv failed on a request (`_NETWORK`), not on what the index held."""
     return _NETWORK.search(stderr) is not None
+
+
+def classify(
+    proc: subprocess.CompletedProcess[str], proxy: Egress | None, *, ruled: bool
+) -> Failure | None:
+    """Why the uv command `proc` failed, in the order of the module docstring; None when
+    uv's words say none of the causes. `proxy`: the build's egress proxy (None: no rule);
+    `ruled`: the job is under an outbound rule, so uv's words are not told."""
+    stderr = proc.stderr
+    if proxy is not None and proxy.refusals:
+        refusal = proxy.refusals[0]
+        return Failure(
+            cause=Cause.REFUSED,
+            host=refusal.host,
+            rule=refusal.reason,
+            message=f"the job's outbound rule refused {refusal.host}: {refusal.reason}",
+        )
+    if proxy is not None and proxy.unreachable:
+        host = proxy.unreachable[0]
+        return Failure(cause=Cause.UNREACHABLE, host=host,
+                       message=f"{host} could not be reached from the runner")  # fmt: skip
+    if proc.returncode == 124 and (stopped := _STOPPED.search(stderr)):
+        return Failure(cause=Cause.TIMED_OUT, message=stopped.group(0).removeprefix("error: "))
+    if _NO_SPACE.search(stderr):
+        return Failure(cause=Cause.DISK_FULL, message="no space left on the runner's device")
+    if network_failure(stderr):
+        return _request_failed(stderr, ruled)
+    if NO_SOLUTION in stderr:
+        reason = one_line_reason(stderr)
+        missing = _NO_DISTRIBUTION.search(reason)
+        cause = Cause.NO_DISTRIBUTION if missing else Cause.NO_RESOLUTION
+        return Failure(cause=cause, message=reason)
+    if _BUILD_FAILED.search(stderr):
+        return Failure(cause=Cause.BUILD_FAILED, message=first_error(stderr))
+    return None
+
+
+def _request_failed(stderr: str, ruled: bool) -> Failure:
+    """A request uv made failed and the proxy decided nothing about it: an HTTP error
+    status, a timeout, or a connection that failed (no proxy: the user's own job)."""
+    status = _HTTP_STATUS.search(stderr)
+    own = "" if ruled else f": {_request_words(stderr)}"
+    if status is not None:
+        return Failure(
+            cause=Cause.INDEX_ERROR,
+            message=f"an index or a file it lists answered HTTP {status.group(1)}{own}",
+        )
+    if _REQUEST_TIMED_OUT.search(stderr):
+        return Failure(cause=Cause.TIMED_OUT, message=f"a request uv made timed out{own}")
+    if ruled:
+        return Failure(cause=Cause.UNREACHABLE, message=FETCH_FAILED)
+    return Failure(cause=Cause.UNREACHABLE, message=f"uv could not fetch{own}")
+
+
+def _request_words(stderr: str) -> str:
+    """uv's words for a failed request on one line: the URL it fetched and its last cause
+    (for a job that is its user's own: no rule, nothing withheld)."""
+    lines = [re.sub(r"^(error:|cause:|Caused by:)\s*", "", ln.strip().lstrip("╰─▶│├ "))
+             for ln in meaningful(stderr).splitlines()]  # fmt: skip
+    lines = [ln for ln in lines if ln and not ln.startswith(("hint:", "Request failed after"))]
+    fetched = next((ln for ln in lines if ln.startswith(("Failed to fetch", "Failed to down"))), "")
+    last = lines[-1] if lines else "uv gave no reason"
+    return last if not fetched or fetched == last else f"{fetched}: {last}"
 
 
 def one_line_reason(stderr: str) -> str:

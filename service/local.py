@@ -2,7 +2,10 @@
 
 The job is a local one (`Job.local`): this process leases its trials itself
 (`queue.claim_local`), so a `bisect-cli serve` sharing the database never runs or
-advances it.
+advances it. An infrastructure failure (`TrialReport.infrastructure`) is handled exactly
+as the API handles a runner's (service/queue.py, infrastructure rules): tried again, here
+on the same machine, and the job ends naming the cause when it persists; a full disk
+raised in this process (``ENOSPC``) is one too.
 """
 
 import threading
@@ -15,10 +18,10 @@ from sqlmodel import Session
 
 from contract.errors import InfrastructureFailure
 from contract.executor import Executor, Kill
-from contract.wire import Sample, TrialReport, TrialSpec
+from contract.wire import EnvResult, Failure, Sample, TrialReport, TrialSpec
 from engine.verdicts import Verdict
 from service import kinds, queue, store
-from service.models import Candidate, Job, JobStatus, Trial
+from service.models import Candidate, Job, JobStatus, Trial, TrialStatus
 from service.scheduler import advance, cancel
 from service.specs import trial_spec
 from service.trials import record_report
@@ -89,11 +92,21 @@ def run_job(
                     verdict = record_report(session, job, candidate, trial, report)
                     if verdict is not None:
                         progress.trial_finished(candidate, trial, verdict)
+                    elif (failure := report.infrastructure) is not None:
+                        progress.message(_infrastructure_line(candidate, trial, failure))
     except BaseException:
         # An interrupted run leaves a cancelled job, not one that looks alive forever.
         session.rollback()
         cancel(session, job, "interrupted", operator_webhook=operator_webhook)
         raise
+
+
+def _infrastructure_line(candidate: Candidate, trial: Trial, failure: Failure) -> str:
+    """What the display says of an infrastructure failure (service/queue.py's rules decide
+    what follows: another try, or the job's end, which the report then names)."""
+    tries = f"{len(trial.infra_failures)} of {queue.INFRA_TRIES}"
+    again = "trying again" if trial.status == TrialStatus.QUEUED else "giving up"
+    return f"{candidate.version}: infrastructure failure ({tries}), {again}: {failure.message}"
 
 
 def _fill(
@@ -167,6 +180,13 @@ class _Running:
             except InfrastructureFailure as exc:
                 self.say(f"trial {trial.id}: {exc}; starting it again")
                 self.start(candidate, trial, spec)
+            except OSError as exc:  # a full disk is the infrastructure's, as on a runner
+                if (failure := Failure.from_exception(exc)) is None:
+                    raise
+                env = EnvResult(ok=True)
+                report = TrialReport(trial_id=spec.trial_id, attempt=spec.attempt, env=env,
+                                     error=failure.message, failure=failure)  # fmt: skip
+                out.append((candidate, trial, report))
         return out
 
     def __enter__(self) -> "_Running":

@@ -84,8 +84,9 @@ def _candidates(report: Report) -> list[str]:
         "| --- | --- | ---: | ---: | --- |",
     ]
     for row in report.candidates:
-        if row.trials == 0 and row.verdict is None and row.testable and not row.yanked:
-            continue  # never tested: the table lists what was tested
+        untried = row.trials == 0 and row.verdict is None and not row.infrastructure
+        if untried and row.testable and not row.yanked:
+            continue  # never tested: the table lists what was tested (or tried to)
         notes = []
         if row.version == report.first_new or row.version == report.last_old:
             name = report.names[1] if row.version == report.first_new else report.names[0]
@@ -94,6 +95,8 @@ def _candidates(report: Report) -> list[str]:
             notes.append(f"yanked{': ' + md_text(row.yanked_reason) if row.yanked_reason else ''}")
         if not row.testable:
             notes.append(f"untestable: {md_text(row.untestable_reason)}")
+        if row.infrastructure:
+            notes.append(md_text(row.infrastructure))
         if row.reused:
             notes.append("verdict reused from an earlier job")
         contradicted = contradiction_note(row)

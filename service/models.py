@@ -270,6 +270,11 @@ class Trial(SQLModel, table=True):
     # Commits trials: the commits the runner listed ({"sha", "subject"}, oldest first);
     # None while it has not answered, or when listing failed (`error` says why).
     commits: list[dict[str, str]] | None = Field(default=None, sa_column=Column(JSON))
+    # Its infrastructure failures, oldest first (service/queue.py, infrastructure rules):
+    # each the runner's `contract.wire.Failure` with "runner" and "attempt" added; and the
+    # runner of the latest, which a claim passes over while another runner is live.
+    infra_failures: list[dict[str, Any]] = _json()
+    infra_runner: str | None = None
 
 
 class MemorySample(SQLModel, table=True):

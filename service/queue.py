@@ -28,6 +28,19 @@ Lease rules
   runner can claim their trials (`claim`) and the service's maintenance never advances them.
   That process leases its own trials with `claim_local`, under the same conditional UPDATE,
   with no deadline (nothing else could take them over).
+- An infrastructure failure (the runner's report says one: `TrialReport.infrastructure`, a
+  `contract.wire.Cause` such as a host the egress rule refused, an index's HTTP error, uv's
+  timeout, a full disk) is no outcome of the release (`infrastructure_failed`, under the
+  lease like a report): the failure is appended to the trial's `infra_failures` with its
+  runner and attempt, and below `INFRA_TRIES` failures the trial is queued again with
+  `attempt -= 1` (the script's attempts are not spent) and `infra_runner` = the runner that
+  failed it. At `INFRA_TRIES` it is finished: `done`, no verdict, `error` the failure's
+  message; the scheduler then ends the job naming the cause (service/scheduler.py), unless
+  it was a traced run, which is never a verdict and ends only its tracing.
+- Another runner first: `claim` passes over a trial whose latest infrastructure failure was
+  on the claiming runner while another runner that could take it is live (active, seen
+  within `LIVE_S`, with a GPU when the job needs one), busy or idle: it waits for that one.
+  With no such runner the same runner takes it again (one runner, or `bisect-cli run`).
 - Cancelling a job's open trials (`cancel_open_trials`) is one conditional UPDATE of its queued
   and leased trials, so a trial completed meanwhile keeps its result; a leased one's runner gets
   409 at its next heartbeat.
@@ -75,7 +88,7 @@ from contextlib import contextmanager
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import false, func, update
+from sqlalchemy import exists, false, func, or_, update
 from sqlmodel import Session, col, select
 
 from contract.errors import Conflict
@@ -85,6 +98,12 @@ from service.models import Job, JobStatus, Runner, Trial, TrialStatus, utcnow
 from service.store import TrialNotFound
 
 OPEN_JOBS = (JobStatus.QUEUED, JobStatus.RUNNING)
+# A trial's tries when each fails for the infrastructure (its first and two more): enough
+# for a runner restarted or an index's passing 503, few enough that a rule that refuses
+# every runner ends the job within minutes.
+INFRA_TRIES = 3
+# A runner seen within this many seconds is live (its long polls and heartbeats touch it).
+LIVE_S = 60.0
 
 # Back in the queue with no trace of the lease; the attempt count is the caller's choice.
 _REQUEUE: dict[str, Any] = {
@@ -168,6 +187,7 @@ def claim(
     )
     if runner.gpu_count <= 0:
         pick = pick.where(col(Job.requires_gpu) == false())
+    pick = pick.where(_not_passed_over(runner, now))
     stmt = _update(
         col(Trial.id) == pick.scalar_subquery(),
         status=TrialStatus.LEASED,
@@ -179,6 +199,26 @@ def claim(
     trial_id = session.exec(stmt).scalar_one_or_none()
     session.commit()
     return None if trial_id is None else _load(session, trial_id)
+
+
+def _not_passed_over(runner: Runner, now: datetime) -> Any:
+    """The claim's condition of "another runner first" (the module docstring): the trial did
+    not last fail on `runner` for the infrastructure, or no other live runner could take it."""
+    other = (
+        select(Runner.id)
+        .where(
+            col(Runner.active),
+            col(Runner.last_seen) >= now - timedelta(seconds=LIVE_S),
+            col(Runner.id) != runner.id,
+            or_(col(Job.requires_gpu) == false(), col(Runner.gpu_count) > 0),
+        )
+        .correlate(Job)
+    )
+    return or_(
+        col(Trial.infra_runner).is_(None),
+        col(Trial.infra_runner) != runner.id,
+        ~exists(other),
+    )
 
 
 def heartbeat(
@@ -267,6 +307,36 @@ def lock_for_report(session: Session, trial_id: int, runner_id: str, attempt: in
     return _load(session, trial_id)
 
 
+def infrastructure_failed(
+    session: Session, trial: Trial, failure: dict[str, Any], *, now: datetime | None = None
+) -> Trial:
+    """Record an infrastructure failure of `trial`'s current lease (`failure`: the runner's
+    `Failure`, dumped); queue it again, or finish it at `INFRA_TRIES` (the module docstring).
+    Commits; returns the trial as stored now. StaleLease when the lease is not current."""
+    assert trial.id is not None and trial.runner_id is not None
+    runner_id, attempt = trial.runner_id, trial.attempt
+    failures = [*trial.infra_failures, {**failure, "runner": runner_id, "attempt": attempt}]
+    again = len(failures) < INFRA_TRIES
+    values: dict[str, Any] = {"infra_failures": failures, "infra_runner": runner_id}
+    if again:
+        values |= _REQUEUE | {"attempt": Trial.attempt - 1}
+    else:
+        values |= {
+            "status": TrialStatus.DONE,
+            "finished_at": now or utcnow(),
+            "lease_expires_at": None,
+            "error": failure.get("message"),
+        }
+    _checked(session, trial.id, runner_id, attempt, values)
+    session.commit()
+    return _load(session, trial.id)
+
+
+def infrastructure_spent(trial: Trial) -> bool:
+    """Whether `trial` ended on its infrastructure failures (`INFRA_TRIES` of them)."""
+    return trial.status == TrialStatus.DONE and len(trial.infra_failures or []) >= INFRA_TRIES
+
+
 def give_back(session: Session, trial_id: int, runner_id: str, attempt: int) -> Trial:
     """The runner returns its lease unfinished: queued again without using up an attempt."""
     _checked(session, trial_id, runner_id, attempt, _REQUEUE | {"attempt": Trial.attempt - 1})
@@ -343,7 +413,7 @@ def touch_runner(session: Session, runner_id: str, now: datetime | None = None) 
 
 
 def live_runners(
-    session: Session, *, within_s: float = 60, now: datetime | None = None
+    session: Session, *, within_s: float = LIVE_S, now: datetime | None = None
 ) -> list[Runner]:
     """Active runners seen within the last `within_s` seconds, by id."""
     since = (now or utcnow()) - timedelta(seconds=within_s)

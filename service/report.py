@@ -6,6 +6,10 @@ under the names a reader expects: ``last_good``/``first_bad``, or ``last_bad``/`
 for find-fix jobs, in the report and in each `dependency_diff` row. `Report.model_validate`
 reads that wire form back.
 
+A job that ended on a trial's infrastructure failures (service/queue.py) says so first in
+its message, and `Report.infrastructure` holds the failure typed (its cause, host and rule,
+how often and on how many runners): never "untestable", never a skip.
+
 The environment line ends, once per job, with the isolation any of its runs lacked on
 its runner (``trials ran without: ...``, from each trial's `TrialReport.missing_protections`).
 
@@ -25,34 +29,45 @@ from typing import Any
 from sqlmodel import Session, col, select
 
 from contract.envargs import freeze_diff, index_args
+from contract.wire import Failure
 from engine import crash
 from engine.verdicts import Verdict
-from service import kinds, stages
+from service import kinds, queue, stages
 from service.models import Candidate, Job, Trial, TrialStatus
 from service.schemas import (
     CandidateRow,
     Evidence,
+    InfrastructureStop,
     JobPublic,
     Progress,
     Report,
     RunEvidence,
     TransitionRow,
     dependency_change,
+    infrastructure_note,
 )
 from service.specs import env_spec
 from service.state import dump
+from service.trials import ending_failure
 
 
 def _runs(trials: list[Trial]) -> list[Trial]:
-    """The finished runs of the script (service/kinds.py: no other kind is a run)."""
-    return [t for t in kinds.runs(trials) if t.status == TrialStatus.DONE]
+    """The finished runs of the script (service/kinds.py: no other kind is a run); not one
+    the infrastructure failed until the job ended, which ran nothing."""
+    return [
+        t
+        for t in kinds.runs(trials)
+        if t.status == TrialStatus.DONE and not queue.infrastructure_spent(t)
+    ]
 
 
 def run_error(trial: Trial) -> str | None:
     """Why a run failed, in one line: the runner's own error, else the script's last words;
-    for a skip, the line that says the repro cannot run on the release (service/trials.py)."""
+    for a skip, the line that says the repro cannot run on the release, else which skip it
+    was (service/trials.py `skip_why`: the script's exit 125, uv's no resolution, ...)."""
     if trial.verdict == Verdict.SKIP:
-        return (trial.analysis or {}).get("cannot_run")
+        analysis = trial.analysis or {}
+        return analysis.get("cannot_run") or analysis.get("skipped")
     if trial.verdict != Verdict.ERROR:
         return None
     return trial.error.strip().splitlines()[0] if trial.error else crash.error_line(trial.log_tail)
@@ -113,6 +128,8 @@ def candidate_rows(
 ) -> list[CandidateRow]:
     done = _runs(trials)
     tested = {t.candidate_id for t in done}
+    spent = ending_failure(trials)
+    failed = {} if spent is None else {spent.candidate_id: _spent_note(spent)}
     return [
         CandidateRow(
             position=c.position,
@@ -134,9 +151,15 @@ def candidate_rows(
             error=_last_error(c, done),
             reproduce=reproduce_command(job, c) if job is not None and c.id in tested else None,
             pooled=(c.pooled or {}).get("reason"),
+            infrastructure=failed.get(c.id),  # type: ignore[arg-type]
         )
         for c in candidates
     ]
+
+
+def _spent_note(trial: Trial) -> str:
+    failures = trial.infra_failures
+    return infrastructure_note(len(failures), len({f.get("runner") for f in failures}))
 
 
 def evidence(candidate: Candidate, trials: list[Trial]) -> Evidence:
@@ -229,6 +252,26 @@ def environment_line(job: Job, trials: list[Trial]) -> str:
     return line
 
 
+def infrastructure_stop(
+    candidates: list[Candidate], trials: list[Trial]
+) -> InfrastructureStop | None:
+    """The trial whose infrastructure failures ended the job (service/queue.py), as the
+    report's `infrastructure`; None when none did."""
+    spent = ending_failure(trials)
+    version = next((c.version for c in candidates if spent and c.id == spent.candidate_id), None)
+    if spent is None or version is None:
+        return None
+    failures = spent.infra_failures
+    last = Failure.model_validate(failures[-1])
+    return InfrastructureStop(
+        version=version,
+        trial=spent.number,
+        tries=len(failures),
+        runners=len({f.get("runner") for f in failures}),
+        **last.model_dump(),
+    )
+
+
 def build_report(
     job: Job, candidates: list[Candidate], trials: list[Trial], linked: Links = NO_LINKS
 ) -> Report:
@@ -258,6 +301,7 @@ def build_report(
         dependency=dependency_section(job, trials),
         attribution=dump(job.attribution),
         commit=dump(job.commit),
+        infrastructure=infrastructure_stop(candidates, trials),
     )
     if last_old and first_new:
         report.dependency_diff = [

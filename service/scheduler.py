@@ -9,8 +9,12 @@ queue the planner's picks. `advance` and `cancel` hold the job's lock
 (`queue.job_lock`: the job row `FOR UPDATE` on Postgres, a process lock on
 SQLite). Callers commit their own changes before calling either.
 
-Every ending (concluded, stopped at its budget, cancelled) passes `ended`, in the job's
-transaction: it writes the webhooks the end sends (service/webhooks.py).
+A trial that ended on its infrastructure failures (service/queue.py, infrastructure rules)
+ends its job as an error naming the cause (`_infrastructure_spent`), before the planner is
+asked: a release the runners could not build is never stepped around as untestable.
+
+Every ending (concluded, stopped at its budget or by the infrastructure, cancelled) passes
+`ended`, in the job's transaction: it writes the webhooks the end sends (service/webhooks.py).
 
 Evaluations (`_close_or_extend`): a candidate's `repeats` runs judged together, run
 again while that is inconclusive up to `max_runs`; one that still ends inconclusive is
@@ -42,7 +46,7 @@ from service.models import Candidate, Job, JobStatus, Trial, TrialStatus, utcnow
 from service.specs import longer_run_hints
 from service.state import SearchOutcome, StageStatus
 from service.store import add_trials, candidates_of, steps_printed, trials_of
-from service.trials import cannot_run_why, classifier_settings
+from service.trials import classifier_settings, ending_failure, infrastructure_stop, skip_why
 
 # Marks the lines of job.message that `advance` owns (reuse notes).
 REUSE_MARK = " reused from job "
@@ -140,16 +144,17 @@ def _states(
 
 
 def _skipped_bounds(session: Session, candidates: list[Candidate]) -> dict[int | None, str]:
-    """Why a skipped bound could not be judged, where its runs say (the repro cannot run
-    on it: service/trials.py); the planner's bounds message names it. Only the bounds:
-    an interior skip is stepped around whatever its reason."""
+    """Why a skipped bound could not be judged, where its runs say which (its script's exit
+    125, uv's no resolution, no distribution, the repro cannot run on it: service/trials.py
+    `skip_why`); the planner's bounds message names it. Only the bounds: an interior skip
+    is stepped around whatever its reason."""
     bounds = (candidates[0], candidates[-1])
     ids = [c.id for c in bounds if c.evaluations and c.evaluations[-1] == Verdict.SKIP]
     if not ids:
         return {}
     query = select(Trial).where(col(Trial.candidate_id).in_(ids), kinds.JUDGED)
     runs = session.exec(query.order_by(col(Trial.id))).all()
-    return {t.candidate_id: why for t in runs if (why := cannot_run_why(t.analysis))}
+    return {t.candidate_id: why for t in runs if (why := skip_why(t.analysis))}
 
 
 def _with_note(base: str | None, note: str | None) -> str | None:
@@ -178,7 +183,9 @@ def advance(
         if JobStatus(job.status).finished:
             return Plan(run=(), outcome=None)
         trials = trials_of(session, job)
-        if pins.pending(session, job, trials):
+        if (spent := _infrastructure_spent(session, job, trials)) is not None:
+            step = _stop(session, job, spent)
+        elif pins.pending(session, job, trials):
             step = Plan(run=(), outcome=None)  # the resolve trial comes first
         else:
             step = _plan(session, job, slots, trials)
@@ -298,6 +305,19 @@ def _releases(
     if reused and step.outcome is None:
         job.message = _with_note(job.message, reuse.note(session, candidates))
     return step
+
+
+def _infrastructure_spent(session: Session, job: Job, trials: list[Trial]) -> str | None:
+    """The job's message when one of its trials ended on its infrastructure failures
+    (service/queue.py, infrastructure rules): no verdict of any release can be trusted to
+    come while the runners cannot build, so the job ends as an error naming the cause,
+    never stepping around the release as if it were untestable."""
+    spent = ending_failure(trials)
+    if spent is None:
+        return None
+    candidate = session.get(Candidate, spent.candidate_id)
+    assert candidate is not None
+    return infrastructure_stop(spent, candidate, stages.package_of(job, candidate.stage))
 
 
 def _trials_used(session: Session, job: Job) -> int:

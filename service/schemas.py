@@ -5,11 +5,12 @@ answers (jobs, trials, samples, runners' acks), and the typed `Report` of a job 
 `run --json`, `submit --wait`, `status`, the API, the page and the Markdown report all show.
 
 Rules: models, and the words a row is shown in (`transition_line`, `contradiction_note`,
-`reuse_note`: the text report, Markdown and the page say them alike); builders from stored
-rows live in `service.report`, the routes in `service.api`; table models (`service.models`)
-never go on the wire; the runner contract (what runners send and receive) lives in
-`contract.wire`, not here. Pure pydantic: the client (`bisect-cli submit`, `status`, ...)
-reads the API's answers into these models without the server extra.
+`reuse_note`, `infrastructure_note`: the text report, Markdown and the page say them
+alike); builders from stored rows live in `service.report`, the routes in `service.api`;
+table models (`service.models`) never go on the wire; the runner contract (what runners
+send and receive) lives in `contract.wire`, not here. Pure pydantic: the client
+(`bisect-cli submit`, `status`, ...) reads the API's answers into these models without
+the server extra.
 """
 
 from datetime import datetime
@@ -24,7 +25,7 @@ from pydantic import (
     model_validator,
 )
 
-from contract.wire import Sample
+from contract.wire import Cause, Sample
 from service.options import MAX_REPEATS, JobOptions
 
 
@@ -182,6 +183,9 @@ class CandidateRow(BaseModel):
     # "pooled over N runs: ...": its latest evaluation's runs judged together
     # (engine/pooled.py); None when that evaluation had fewer than two runs to pool.
     pooled: str | None = None
+    # Its trial's infrastructure failures ended the job (`Report.infrastructure`): the
+    # note `infrastructure_note` words; None for every other release.
+    infrastructure: str | None = None
 
 
 # How the views name a job of another owner of the trust group.
@@ -194,6 +198,13 @@ def contradiction_note(row: CandidateRow) -> str | None:
     if row.contradicted_by_job is not None:
         return f"flaky: contradicted by job {row.contradicted_by_job}"
     return f"flaky: contradicted by {GROUP_JOB}" if row.contradicted else None
+
+
+def infrastructure_note(tries: int, runners: int) -> str:
+    """The note of the release whose trial the infrastructure failed until the job ended
+    (the text report, Markdown and the page say it alike)."""
+    on = f" on {runners} runners" if runners > 1 else ""
+    return f"no verdict: the infrastructure failed it {tries} times{on}"
 
 
 def reuse_note(row: CandidateRow) -> str | None:
@@ -245,6 +256,22 @@ def transition_line(row: TransitionRow) -> str:
     at = f"at one of {where}" if row.between else f"at {row.after}"
     confirmed = "" if row.confirmed else ", not re-run to confirm"
     return f"{row.change} {at}, after {row.before}{confirmed}"
+
+
+class InfrastructureStop(BaseModel):
+    """The infrastructure failure a job ended on (service/queue.py, infrastructure rules):
+    never a verdict of the release. `cause`, `host` and `rule` are the runner's latest
+    `contract.wire.Failure` (the host and the rule's words where the job's outbound rule
+    refused it); `tries` how often it failed, on how many `runners`."""
+
+    version: str
+    trial: int
+    tries: int
+    runners: int
+    cause: Cause
+    host: str | None = None
+    rule: str | None = None
+    message: str
 
 
 class FindFirstChange(BaseModel):
@@ -352,6 +379,9 @@ class Report(BaseModel):
     dependency: dict[str, Any] | None = None
     attribution: dict[str, Any] | None = None
     commit: dict[str, Any] | None = None
+    # The job ended (status "error", the message says it first) because a trial's
+    # infrastructure failures persisted: a refused host, an index's error, a full disk.
+    infrastructure: InfrastructureStop | None = None
 
     @property
     def names(self) -> tuple[str, str]:

@@ -1,7 +1,17 @@
 """Trials: how a runner's report is stored and judged (what it is told: service/specs.py).
 
-`record_report` asks the trial's kind (service/kinds.py) once what its report holds: a
-judged run, a traced run, or an answer (pins, commits) from a trial that ran no script.
+`record_report` first asks whether the report is an infrastructure failure
+(`TrialReport.infrastructure`, a `contract.wire.Cause` the runner decided): then it is no
+outcome of the release, of any kind of trial, and the queue retries it or finishes it
+(service/queue.py, infrastructure rules; the scheduler ends the job on one that persists,
+`infrastructure_stop` its words). Otherwise it asks the trial's kind (service/kinds.py)
+once what its report holds: a judged run, a traced run, or an answer (pins, commits) from
+a trial that ran no script.
+
+A skip says which (`skip_why`, what a skipped bound's message says): the script's own exit
+125, uv's "no resolution", no wheel or sdist for the platform, a release that did not
+build, the repro that cannot run on the release, or an environment that could not be
+built for a reason the runner did not classify (a runner from before causes).
 """
 
 from typing import Any
@@ -10,11 +20,11 @@ from sqlalchemy import insert
 from sqlmodel import Session
 
 from contract.floors import steps_done
-from contract.wire import TrialReport
+from contract.wire import Cause, EnvResult, TrialReport
 from engine import crash
-from engine.analysis import ClassifierSettings, classify_run
+from engine.analysis import SKIP_EXIT_CODE, ClassifierSettings, classify_run
 from engine.verdicts import Verdict
-from service import kinds, pins
+from service import kinds, pins, queue
 from service.models import Candidate, Job, MemorySample, Trial, TrialStatus, utcnow
 
 SAMPLE_FIELDS = {"t", "rss", "anon", "shared", "gpu", "step"}
@@ -33,7 +43,8 @@ def judge(job: Job, report: TrialReport) -> Judgement:
     env = report.env
     if not env.ok:
         # An environment that cannot be built makes the release untestable, never guilty.
-        return Verdict.SKIP, {"reason": f"environment failed: {env.error}"}
+        # (One the infrastructure failed is no outcome at all: `record_report`.)
+        return Verdict.SKIP, {"reason": f"environment failed: {env.error}", **_unbuilt(env)}
     if report.error and report.exit_code is None:
         return Verdict.ERROR, {"reason": report.error}
     if (line := _cannot_run(report)) is not None:
@@ -65,6 +76,8 @@ def judge(job: Job, report: TrialReport) -> Judgement:
     # line says it once per job (service/report.py missing_protections).
     analysis["missing_protections"] = list(report.missing_protections)
     verdict = run.verdict
+    if verdict is Verdict.SKIP and report.exit_code == SKIP_EXIT_CODE:
+        analysis |= _skipped(Cause.SCRIPT_SKIP, "")
     if report.stopped_early and not report.oom_killed:
         # The runner ended it because its rule was sure it leaks (contract/earlystop.py);
         # the samples say why, cut off where the rule fired.
@@ -92,6 +105,64 @@ def cannot_run_why(analysis: dict[str, Any] | None) -> str | None:
     return f"the repro cannot run on it ({line})" if line else None
 
 
+def skip_why(analysis: dict[str, Any] | None) -> str | None:
+    """Why a run was skipped, worded to follow the planner's "cannot be tested: " (which
+    of the module docstring's reasons); None for a run that was no skip, or one stored
+    before skips said which."""
+    return cannot_run_why(analysis) or (analysis or {}).get("skipped")
+
+
+# What each cause of a skip makes a skipped bound's message say (`skip_why`); the release's
+# own causes end with uv's line, the script's exit 125 says it alone.
+_SKIPPED = {
+    Cause.SCRIPT_SKIP: "its script exited 125 (the script's own skip: it cannot test it)",
+    Cause.NO_RESOLUTION: "uv found no resolution: {}",
+    Cause.NO_DISTRIBUTION: "it has no wheel or sdist for the platform: {}",
+    Cause.BUILD_FAILED: "it did not build: {}",
+}
+
+
+def _skipped(cause: Cause | None, line: str) -> dict[str, Any]:
+    """The analysis keys of a skip: its cause (None: not classified) and `skip_why`'s words."""
+    if cause is None or cause not in _SKIPPED:
+        return {"cause": None, "skipped": f"its environment could not be built: {line}"}
+    return {"cause": cause.value, "skipped": _SKIPPED[cause].format(line)}
+
+
+def _unbuilt(env: EnvResult) -> dict[str, Any]:
+    """`_skipped` for a failed build of the release's (not the infrastructure's)."""
+    failure = env.failure
+    line = failure.message if failure is not None else env.error or "no reason given"
+    return _skipped(failure.cause if failure is not None else None, _one_line(line))
+
+
+def _one_line(text: str) -> str:
+    return " ".join(text.split())
+
+
+def ending_failure(trials: list[Trial]) -> Trial | None:
+    """The trial whose infrastructure failures end its job (service/queue.py
+    `infrastructure_spent`), if any. A traced run is never a verdict: one the
+    infrastructure failed ends its tracing alone (its error says why), and the answer
+    found before it stands."""
+    deciding = (t for t in trials if not kinds.handler(t.kind).traced)
+    return next((t for t in deciding if queue.infrastructure_spent(t)), None)
+
+
+def infrastructure_stop(trial: Trial, candidate: Candidate, package: str) -> str:
+    """The job's message when `trial` ended on its infrastructure failures (service/queue.py
+    `infrastructure_spent`): which release, how often, on how many runners, and the last
+    failure's own line (the host and the rule that refused it, where it was a refusal)."""
+    failures = trial.infra_failures or []
+    runners = len({f.get("runner") for f in failures})
+    on = f" on {runners} runners" if runners > 1 else ""
+    last = _one_line(str(failures[-1].get("message") if failures else trial.error))
+    return (
+        f"stopped by an infrastructure failure, not a verdict of any release: "
+        f"{package} {candidate.version} failed {len(failures)} times{on}: {last}"
+    )
+
+
 def record_report(
     session: Session,
     job: Job,
@@ -101,8 +172,13 @@ def record_report(
     judged: Judgement | None = None,
 ) -> Verdict | None:
     """Store a runner's report with its samples and the classifier's verdict (None for a
-    kind that is no judged run: service/kinds.py). `judged`: `judge(job, report)`,
-    computed beforehand by a caller that holds a lock now; else it is computed here."""
+    kind that is no judged run: service/kinds.py, and for an infrastructure failure, which
+    the queue retries: the module docstring). `judged`: `judge(job, report)`, computed
+    beforehand by a caller that holds a lock now; else it is computed here. The trial is
+    leased (its lease checked by the caller: the API's `lock_for_report`)."""
+    if (failure := report.infrastructure) is not None:
+        queue.infrastructure_failed(session, trial, failure.model_dump(mode="json"))
+        return None
     kind = kinds.handler(trial.kind)
     if not kind.runs_script:
         _record_answer(session, job, trial, report, kind)

@@ -24,13 +24,15 @@ from typing import Any
 import pytest
 from docker.errors import NotFound
 
+from contract.outbound import Reach
 from contract.sources import source_ref
-from contract.wire import CommitRange, EnvSpec, TrialReport, TrialSpec
+from contract.wire import Cause, CommitRange, EnvSpec, Failure, TrialReport, TrialSpec
 from engine.analysis import classify_run
 from runners import tracing
 from runners.docker.executor import LOCAL_CLONE, DockerExecutor, _profile
 from runners.docker.spec import LABEL_RUNNER, LABEL_TRIAL, TRIAL_UID
 from service.example.gitrepo import _git, build_repo, serve_repo
+from service.example.index import serve_index
 from tests.docker_util import RUNNER_IMAGE, engine
 
 pytestmark = pytest.mark.docker
@@ -516,4 +518,24 @@ def test_a_local_clone_is_refused_before_any_container_starts(
         wanted = CommitRange(repo=repo, package="leakyfixture", good="1.0.5", bad="1.0.6")
         report = executor.run_trial(trial(fixture_index, "", kind="commits", commit_range=wanted))
         assert (report.env.ok, report.env.error, report.commits) == (False, LOCAL_CLONE, None)
+    assert executor.leftovers() == []
+
+
+def test_a_build_the_egress_rule_refuses_is_the_infrastructure_s_in_a_container(
+    executor: DockerExecutor, fixture_wheels: Path
+) -> None:
+    """The build container runs the same build phase (runners/kinds.py), its egress proxy
+    inside it: the index is listed, its files' port is not, and the report says so typed
+    (issue 35 item 4), never as the release's failure."""
+    with serve_index(fixture_wheels) as files:
+        port = files.split(":")[2].split("/")[0]
+        with serve_index(fixture_wheels, files_at=f"http://127.0.0.1:{port}/files/") as index:
+            env = EnvSpec(package="leakyfixture", version="1.0.0", index_url=index,
+                          reach=Reach(hosts=(index.split("/")[2],)))  # fmt: skip
+            report = executor.run_trial(TrialSpec(trial_id=1, env=env, script="pass\n"))
+    rule, host = "host 127.0.0.1 is not in BISECT_ALLOWED_INDEXES", f"127.0.0.1:{port}"
+    refused = Failure(cause=Cause.REFUSED, host=host, rule=rule,
+                      message=f"the job's outbound rule refused {host}: {rule}")  # fmt: skip
+    assert (report.env.ok, report.env.error, report.exit_code) == (False, refused.message, None)
+    assert report.infrastructure == refused
     assert executor.leftovers() == []

@@ -23,7 +23,7 @@ from fastapi.testclient import TestClient
 
 from contract import outbound
 from contract.outbound import Reach, Refused
-from contract.wire import CommitRange, EnvSpec
+from contract.wire import Cause, CommitRange, EnvSpec, Failure
 from runners import commits, envs, gitrun, uvrun
 from runners.egress import Egress
 from service.app import create_app
@@ -378,12 +378,15 @@ def test_under_the_rule_a_failed_fetch_is_one_line_without_uv_s_words(
     reachable_tmp: Path,
 ) -> None:
     # Port 1 on loopback refuses at once; the rule lists it (an operator's allowlist), so uv
-    # runs and fails on the request: the job learns that it failed, never what answered.
+    # runs and fails on the request: the job learns what the egress proxy decided (the
+    # listed host it could not connect to), never uv's words.
     index = "http://127.0.0.1:1/simple"
     spec = EnvSpec(package="leakyfixture", version="1.0.0", index_url=index,
                    reach=Reach(hosts=("127.0.0.1:1",)))  # fmt: skip
     result = envs.build_env(spec, root=reachable_tmp / "envs", cache_dir=reachable_tmp / "c")
-    assert (result.ok, result.error) == (False, uvrun.FETCH_FAILED)
+    line = "127.0.0.1:1 could not be reached from the runner"
+    assert (result.ok, result.error) == (False, line)
+    assert result.failure == Failure(cause=Cause.UNREACHABLE, host="127.0.0.1:1", message=line)
 
 
 # --------------------------------------------------------------------------- uv's connections
@@ -404,17 +407,23 @@ def redirecting(to: str) -> Iterator[int]:
 def test_uv_is_never_connected_where_an_allowed_index_redirects(reachable_tmp: Path) -> None:
     """uv follows redirects and has no setting against it: under the rule its connections
     go through runners.egress, which judges each when it is made. The listed index
-    redirects to a port the rule does not list; nothing connects there."""
+    redirects to a port the rule does not list; nothing connects there. The build and the
+    resolution fail for the infrastructure, naming what the proxy decided (the host:port it
+    refused and the rule's words: docs/security.md, what a job is told), not uv's words."""
     with listener() as (port, accepted), redirecting(f"http://127.0.0.1:{port}") as index_port:
         spec = EnvSpec(package="leakyfixture", version="1.0.0",
                        index_url=f"http://127.0.0.1:{index_port}/simple",
                        reach=Reach(hosts=(f"127.0.0.1:{index_port}",)))  # fmt: skip
         result = envs.build_env(spec, root=reachable_tmp / "envs", cache_dir=reachable_tmp / "c")
-        with pytest.raises(envs.EnvError):
+        with pytest.raises(envs.EnvError) as resolving:
             envs.resolve_pins(spec, cache_dir=reachable_tmp / "c")
-    assert result.ok is False
     assert accepted == []
-    assert str(port) not in (result.error or "")
+    rule, host = "host 127.0.0.1 is not in BISECT_ALLOWED_INDEXES", f"127.0.0.1:{port}"
+    refused = Failure(cause=Cause.REFUSED, host=host, rule=rule,
+                      message=f"the job's outbound rule refused {host}: {rule}")  # fmt: skip
+    assert (result.ok, result.error, result.failure) == (False, refused.message, refused)
+    assert resolving.value.failure == refused
+    assert str(resolving.value) == f"cannot resolve leakyfixture==1.0.0: {refused.message}"
 
 
 def test_under_the_rule_a_listed_index_still_builds_through_the_proxy(

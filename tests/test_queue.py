@@ -207,6 +207,90 @@ def test_give_back_does_not_use_up_an_attempt(session: Session) -> None:
     assert queue.claim(session, CPU2, lease_s=30).attempt == 1  # type: ignore[union-attr]
 
 
+REFUSED = {
+    "cause": "refused",
+    "host": "127.0.0.1:9",
+    "rule": "host 127.0.0.1 is not in BISECT_ALLOWED_INDEXES",
+    "message": "the job's outbound rule refused 127.0.0.1:9: host 127.0.0.1 is not in "
+    "BISECT_ALLOWED_INDEXES",
+}
+
+
+def live(session: Session, *runners: Runner, seen: datetime = T0) -> None:
+    """Store `runners` as registered and seen at `seen` (copies: the constants stay clean)."""
+    for runner in runners:
+        session.add(Runner(id=runner.id, name=runner.name, gpu_count=runner.gpu_count,
+                           last_seen=seen))  # fmt: skip
+    session.commit()
+
+
+def test_infrastructure_failures_retry_on_another_runner_without_an_attempt(
+    session: Session,
+) -> None:
+    """Each failure goes back to the queue (attempt not spent), passed over by the runner
+    that failed it while the other is live; the third finishes the trial, no verdict."""
+    [tid] = seed(session, 1)
+    live(session, CPU, CPU2)
+    runners = []
+    for n, runner in enumerate([CPU, CPU2, CPU], start=1):
+        trial = queue.claim(session, runner, lease_s=30, now=T0)
+        assert (trial.id, trial.attempt) == (tid, 1)  # type: ignore[union-attr]
+        runners.append(runner.id)
+        trial = queue.infrastructure_failed(session, trial, REFUSED, now=T0)  # type: ignore[arg-type]
+        assert trial.infra_runner == runner.id
+        assert [f["runner"] for f in trial.infra_failures] == runners
+        if n < queue.INFRA_TRIES:
+            assert (trial.status, trial.attempt, trial.runner_id) == ("queued", 0, None)
+            assert trial.lease_expires_at is None
+            assert queue.claim(session, runner, lease_s=30, now=T0) is None  # the other first
+            assert not queue.infrastructure_spent(trial)
+    assert n == queue.INFRA_TRIES == 3
+    assert (trial.status, trial.verdict, trial.attempt) == ("done", None, 1)
+    assert (trial.error, trial.finished_at) == (REFUSED["message"], T0)
+    assert trial.infra_failures == [{**REFUSED, "runner": r, "attempt": 1} for r in runners]
+    assert queue.infrastructure_spent(trial)
+    assert queue.claim(session, CPU2, lease_s=30, now=T0) is None
+
+
+def test_the_runner_that_failed_takes_it_again_when_no_other_could(session: Session) -> None:
+    """Another runner first only while one is live and able: one seen too long ago, one
+    that left, or one without the GPU a job needs does not hold the trial back."""
+    [gpu_trial] = seed(session, 1, requires_gpu=True)  # the oldest: the GPU runner's first
+    [cpu_trial] = seed(session, 1)
+    live(session, CPU, GPU)
+    live(session, CPU2, seen=T0 - timedelta(seconds=queue.LIVE_S + 1))
+    gone = Runner(id="r-3", name="gone")
+    live(session, gone)
+    queue.release_runner(session, "r-3")
+    trial = queue.claim(session, GPU, lease_s=30, now=T0)
+    assert trial is not None and trial.id == gpu_trial
+    queue.infrastructure_failed(session, trial, REFUSED, now=T0)
+    # The CPU runners cannot take a GPU trial: the GPU runner takes it again at once.
+    assert queue.claim(session, GPU, lease_s=30, now=T0).id == gpu_trial  # type: ignore[union-attr]
+    trial = queue.claim(session, CPU, lease_s=30, now=T0)
+    assert trial is not None and trial.id == cpu_trial
+    queue.infrastructure_failed(session, trial, REFUSED, now=T0)
+    # GPU is live and can take a CPU trial: CPU passes it over, until GPU goes quiet.
+    assert queue.claim(session, CPU, lease_s=30, now=T0) is None
+    later = T0 + timedelta(seconds=queue.LIVE_S + 1)
+    queue.touch_runner(session, "r-1", now=later)
+    again = queue.claim(session, CPU, lease_s=30, now=later)
+    assert again is not None and (again.id, again.attempt) == (cpu_trial, 1)
+
+
+def test_an_infrastructure_failure_needs_the_current_lease(session: Session) -> None:
+    [tid] = seed(session, 1)
+    trial = queue.claim(session, CPU, lease_s=30, now=T0)
+    assert trial is not None
+    queue.give_back(session, tid, "r-1", 1)
+    stale = Trial(id=tid, job_id=trial.job_id, candidate_id=trial.candidate_id, runner_id="r-1",
+                  attempt=1)  # fmt: skip
+    with pytest.raises(StaleLease):
+        queue.infrastructure_failed(session, stale, REFUSED, now=T0)
+    stored = session.get(Trial, tid, populate_existing=True)
+    assert (stored.status, stored.infra_failures, stored.infra_runner) == ("queued", [], None)  # type: ignore[union-attr]
+
+
 def test_release_runner(session: Session) -> None:
     session.add(Runner(id="r-1", name="cpu-1", last_seen=T0))
     session.commit()

@@ -11,10 +11,10 @@ from sqlalchemy import text
 from sqlalchemy.engine import Engine
 from sqlmodel import Session, col, select
 
-from contract.wire import CommitRange, EnvSpec, TrialSpec
+from contract.wire import Cause, CommitRange, EnvResult, EnvSpec, Failure, TrialReport, TrialSpec
 from engine.verdicts import Verdict
 from runners import commits
-from service import reuse
+from service import queue, reuse
 from service.db import make_engine, upgrade
 from service.maintenance import tick
 from service.models import (
@@ -28,7 +28,9 @@ from service.models import (
     utcnow,
 )
 from service.queue import cancel_open_trials
+from service.report import build_report
 from service.scheduler import advance, cancel, slots_for
+from service.schemas import InfrastructureStop
 from service.settings import Settings
 from service.specs import trial_spec
 from service.trials import record_report
@@ -471,3 +473,152 @@ def test_a_failed_listing_ends_the_commit_stage_and_keeps_the_release(session: S
     }  # fmt: skip
     assert job.message.splitlines()[-1] == f"--commits: {why}"  # type: ignore[union-attr]
     assert listing_trial(session, job).error == why
+
+
+# ------------------------------------------------------------------ infrastructure failures
+
+RULE = "host 127.0.0.1 is not in BISECT_ALLOWED_INDEXES"
+REFUSAL = Failure(cause=Cause.REFUSED, host="127.0.0.1:9", rule=RULE,
+                  message=f"the job's outbound rule refused 127.0.0.1:9: {RULE}")  # fmt: skip
+
+
+def report_of(trial: Trial, env: EnvResult | None = None, **fields: Any) -> TrialReport:
+    return TrialReport(trial_id=trial.id, attempt=trial.attempt, runner_id=trial.runner_id,  # type: ignore[arg-type]
+                       env=env or EnvResult(ok=True), **fields)  # fmt: skip
+
+
+def refused(trial: Trial) -> TrialReport:
+    return report_of(trial, EnvResult(ok=False, error=REFUSAL.message, failure=REFUSAL))
+
+
+def claimed(session: Session, job: Job, runner: Runner) -> tuple[Candidate, Trial]:
+    trial = queue.claim(session, runner, lease_s=60)
+    assert trial is not None and trial.job_id == job.id
+    candidate = session.get(Candidate, trial.candidate_id)
+    assert candidate is not None
+    return candidate, trial
+
+
+@pytest.mark.parametrize("where", ["bound", "middle"])
+def test_a_persisting_infrastructure_failure_ends_the_job_naming_it(
+    session: Session, where: str
+) -> None:
+    """Never a skip: not at a bound (which would end as "cannot be tested"), not in the
+    middle (which the planner would step around, moving the answer). Tried INFRA_TRIES
+    times, no attempt spent, no verdict stored; then the job is an error naming the host
+    and the rule, its open trials cancelled."""
+    runner = Runner(id="r-1", name="one")
+    session.add(runner)
+    session.commit()
+    job = seed(session, reuse_verdicts=False, attribute=False, repeats=1)
+    advance(session, job, 1)
+    if where == "middle":  # the bounds are judged: the first pick inside the range fails
+        for _ in range(2):
+            candidate, trial = claimed(session, job, runner)
+            verdict = Verdict.LEAK if candidate.version == VERSIONS[-1] else Verdict.CLEAN
+            trial.status, trial.verdict, trial.analysis = TrialStatus.DONE, verdict, {}
+            session.add(trial)
+            session.commit()
+            advance(session, job, 1)
+    failed = []
+    for n in range(1, queue.INFRA_TRIES + 1):
+        candidate, trial = claimed(session, job, runner)
+        failed.append(candidate.version)
+        assert trial.attempt == 1  # the script's attempts are not spent
+        assert record_report(session, job, candidate, trial, refused(trial)) is None
+        advance(session, job, 1)
+        session.refresh(job)
+        assert job.status == (JobStatus.ERROR if n == queue.INFRA_TRIES else JobStatus.RUNNING)
+    version = "1.0.0" if where == "bound" else failed[0]
+    assert failed == [version] * 3
+    message = (
+        "stopped by an infrastructure failure, not a verdict of any release: leakyfixture "
+        f"{version} failed 3 times: the job's outbound rule refused 127.0.0.1:9: {RULE}"
+    )
+    assert job.message == message
+    assert job.result == {"status": "error", "message": message}
+    spent = session.exec(
+        select(Trial).where(Trial.job_id == job.id, col(Trial.error).is_not(None))
+    ).one()
+    assert (spent.status, spent.verdict, len(spent.infra_failures)) == ("done", None, 3)
+    stored = candidates(session, job)
+    assert [c.verdict for c in stored if c.version == version] == [None]
+    assert queued_versions(session, job) == []
+    report = build_report(job, stored, list(session.exec(select(Trial))))
+    assert (report.status, report.message) == ("error", message)
+    assert report.infrastructure == InfrastructureStop(
+        version=version, trial=spent.number, tries=3, runners=1, cause=Cause.REFUSED,
+        host="127.0.0.1:9", rule=RULE, message=REFUSAL.message,
+    )  # fmt: skip
+    [row] = [c for c in report.candidates if c.version == version]
+    assert (row.verdict, row.testable, row.error) == (
+        None,
+        True,
+        None,
+    )  # not "skip", not untestable
+    assert "untestable" not in message and "skip" not in message
+
+
+def test_one_infrastructure_failure_then_a_run_is_judged_as_usual(session: Session) -> None:
+    runner = Runner(id="r-1", name="one")
+    session.add(runner)
+    session.commit()
+    job = seed(session, reuse_verdicts=False, attribute=False, repeats=1)
+    advance(session, job, 1)
+    candidate, trial = claimed(session, job, runner)
+    record_report(session, job, candidate, trial, refused(trial))
+    advance(session, job, 1)
+    candidate, again = claimed(session, job, runner)
+    assert (again.id, again.attempt, candidate.version) == (trial.id, 1, "1.0.0")
+    assert record_report(session, job, candidate, again, report_of(again, exit_code=125)) == (
+        Verdict.SKIP
+    )
+    advance(session, job, 1)
+    session.refresh(job)
+    assert (job.status, job.message) == (
+        JobStatus.ERROR,
+        "good bound 1.0.0 cannot be tested: its script exited 125 (the script's own skip: "
+        "it cannot test it)",
+    )
+
+
+@pytest.mark.parametrize(
+    ("failure", "why"),
+    [
+        (Failure(cause=Cause.NO_RESOLUTION, message="Because there is no version of x"),
+         "uv found no resolution: Because there is no version of x"),
+        (Failure(cause=Cause.NO_DISTRIBUTION, message="Because 1.0.9 has no wheels with a "
+                 "matching platform tag"),
+         "it has no wheel or sdist for the platform: Because 1.0.9 has no wheels with a "
+         "matching platform tag"),
+        (Failure(cause=Cause.BUILD_FAILED, message="Failed to build `x==1.0.9`"),
+         "it did not build: Failed to build `x==1.0.9`"),
+        (None, "its environment could not be built: python 3.99 is not available"),
+    ],
+)  # fmt: skip
+def test_a_skipped_bound_says_which_skip_it_was(
+    session: Session, failure: Failure | None, why: str
+) -> None:
+    runner = Runner(id="r-1", name="one")
+    session.add(runner)
+    session.commit()
+    job = seed(session, reuse_verdicts=False, attribute=False, repeats=1)
+    advance(session, job, 2)
+    for _ in range(2):
+        candidate, trial = claimed(session, job, runner)
+        if candidate.version == VERSIONS[-1]:
+            error = failure.message if failure else "python 3.99 is not available"
+            report = report_of(trial, EnvResult(ok=False, error=error, failure=failure))
+            assert record_report(session, job, candidate, trial, report) == Verdict.SKIP
+            cause = failure.cause.value if failure else None
+            assert (trial.analysis["cause"], trial.analysis["skipped"]) == (cause, why)  # type: ignore[index]
+        else:
+            trial.status, trial.verdict, trial.analysis = TrialStatus.DONE, Verdict.CLEAN, {}
+            session.add(trial)
+            session.commit()
+    advance(session, job, 2)
+    session.refresh(job)
+    assert (job.status, job.message) == (
+        JobStatus.ERROR,
+        f"bad bound 1.0.9 cannot be tested: {why}",
+    )

@@ -24,10 +24,12 @@ from typing import Any
 
 import pytest
 
-from contract.wire import EnvSpec, TrialReport, TrialSpec
+from contract.outbound import Reach
+from contract.wire import Cause, EnvSpec, Failure, TrialReport, TrialSpec
 from engine.analysis import classify_run
 from runners.slurm.batch import SlurmOptions, parse_job
 from runners.slurm.executor import SlurmExecutor
+from service.example.index import serve_index
 from tests.slurm_util import cluster, job
 from tests.waiting import wait_until
 
@@ -372,3 +374,25 @@ def test_the_executors_benchmark_writes_its_report_for_all_three(node: str, tmp_
     with pytest.raises(SystemExit) as refused:
         main(["--repeats", "1", "--out", str(out)])
     assert refused.value.code == 2
+
+
+def test_a_build_the_egress_rule_refuses_is_the_infrastructure_s_on_the_node(
+    executor: SlurmExecutor, fixture_wheels: Path
+) -> None:
+    """The job builds on the node with the local executor's work (runners/slurm/job.py), its
+    egress proxy there: the index is listed, its files' port is not, and the report says so
+    typed (issue 35 item 4), never as the release's failure."""
+    with serve_index(fixture_wheels) as files:
+        port = files.split(":")[2].split("/")[0]
+        with serve_index(fixture_wheels, files_at=f"http://127.0.0.1:{port}/files/") as index:
+            env = EnvSpec(package="leakyfixture", version="1.0.0", index_url=index,
+                          reach=Reach(hosts=(index.split("/")[2],)))  # fmt: skip
+            report, job_id = run(executor, TrialSpec(trial_id=1, env=env, script="pass\n"))
+    rule, host = "host 127.0.0.1 is not in BISECT_ALLOWED_INDEXES", f"127.0.0.1:{port}"
+    refused = Failure(cause=Cause.REFUSED, host=host, rule=rule,
+                      message=f"the job's outbound rule refused {host}: {rule}")  # fmt: skip
+    # The job wrote its report and exited 1 (a failed build, runners/slurm/job.py): Slurm's
+    # FAILED, not a node's failure; the report's cause is what the runner names.
+    assert job(job_id)["JobState"] == "FAILED"
+    assert (report.env.ok, report.env.error, report.exit_code) == (False, refused.message, None)
+    assert report.infrastructure == refused

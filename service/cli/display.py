@@ -312,6 +312,8 @@ def _notes(row: CandidateRow) -> str:
         notes.append(f"resolution: {row.resolution}")
     if row.resolution_note and row.resolution_note.startswith(FORCED_NOTE):
         notes.append(printable(row.resolution_note))
+    if row.infrastructure:
+        notes.append(printable(row.infrastructure))
     if row.reused:
         notes.append("verdict reused")
     contradicted = contradiction_note(row)

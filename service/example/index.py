@@ -8,7 +8,10 @@ not normalized, or lacks the trailing slash, is redirected), `/files/<filename>`
 distributions). Pages negotiate on `Accept`: `application/vnd.pypi.simple.v1+json` gets
 PEP 691 JSON (api-version 1.1, with PEP 700 `upload-time`, `size` and `versions`);
 anything else gets HTML with `data-requires-python`, `data-yanked` and `#sha256=`.
-File URLs on the pages are relative (`../../files/...`), as an index may make them.
+File URLs on the pages are relative (`../../files/...`), as an index may make them; with
+`files_at` they are absolute, under another base (``http://127.0.0.1:PORT/files/``): the
+files then live on another host, as a mirror's often do (the egress tests list the index
+and not the file host).
 
 Per-file facts a wheel cannot carry come from `index.json` in the directory when
 present (see `service.example.fixture`); without it every file is served as not
@@ -136,7 +139,11 @@ def _score(ranges: list[tuple[str, float]], offered: str) -> tuple[float, int]:
     return (0.0, 0) if best is None else (best[1], best[0])
 
 
-def _project_json(project: str, files: list[_File]) -> bytes:
+def _file_url(base: str | None, f: _File) -> str:
+    return f"{base or '../../files/'}{quote(f.filename)}"
+
+
+def _project_json(project: str, files: list[_File], base: str | None = None) -> bytes:
     versions = sorted({f.version for f in files})
     body = {
         "meta": {"api-version": "1.1"},
@@ -145,7 +152,7 @@ def _project_json(project: str, files: list[_File]) -> bytes:
         "files": [
             {
                 "filename": f.filename,
-                "url": f"../../files/{quote(f.filename)}",
+                "url": _file_url(base, f),
                 "hashes": {"sha256": f.sha256},
                 "requires-python": f.requires_python,
                 "yanked": f.yanked,
@@ -158,10 +165,10 @@ def _project_json(project: str, files: list[_File]) -> bytes:
     return json.dumps(body).encode()
 
 
-def _project_html(project: str, files: list[_File]) -> bytes:
+def _project_html(project: str, files: list[_File], base: str | None = None) -> bytes:
     links = []
     for f in files:
-        attrs = [f'href="../../files/{quote(f.filename)}#sha256={f.sha256}"']
+        attrs = [f'href="{html.escape(_file_url(base, f))}#sha256={f.sha256}"']
         if f.requires_python:
             attrs.append(f'data-requires-python="{html.escape(f.requires_python)}"')
         if f.yanked is not False:
@@ -196,9 +203,11 @@ def _root_html(projects: list[str]) -> bytes:
 
 
 class _IndexHandler(BaseHTTPRequestHandler):
-    """Serves `wheel_dir` (set by `_handler`) as a PEP 503/691 index."""
+    """Serves `wheel_dir` (set by `_handler`) as a PEP 503/691 index; its pages link the
+    files under `files_at` when it is set (else relative, to this server's /files/)."""
 
     wheel_dir: Path
+    files_at: str | None = None
     protocol_version = "HTTP/1.1"
 
     def log_message(self, format: str, *args: object) -> None:
@@ -257,7 +266,8 @@ class _IndexHandler(BaseHTTPRequestHandler):
         if name not in projects:
             return self._send(HTTPStatus.NOT_FOUND, b"not found\n", head=head)
         files = projects[name]
-        return self._page(_project_json(name, files), _project_html(name, files), head)
+        base = self.files_at
+        return self._page(_project_json(name, files, base), _project_html(name, files, base), head)
 
     def _file(self, filename: str, head: bool) -> None:
         for files in _scan(self.wheel_dir).values():
@@ -271,18 +281,20 @@ class _IndexHandler(BaseHTTPRequestHandler):
         self._send(HTTPStatus.MOVED_PERMANENTLY, b"", head=head, extra={"Location": location})
 
 
-def _handler(wheel_dir: Path) -> type[BaseHTTPRequestHandler]:
-    return type("Handler", (_IndexHandler,), {"wheel_dir": wheel_dir})
+def _handler(wheel_dir: Path, files_at: str | None = None) -> type[BaseHTTPRequestHandler]:
+    return type("Handler", (_IndexHandler,), {"wheel_dir": wheel_dir, "files_at": files_at})
 
 
 @contextmanager
-def serve_index(wheel_dir: Path, port: int = 0) -> Iterator[str]:
+def serve_index(wheel_dir: Path, port: int = 0, files_at: str | None = None) -> Iterator[str]:
     """Serve `wheel_dir` on 127.0.0.1 (`port`; 0: a free one) while the block runs.
 
     Yields the index URL, `http://127.0.0.1:PORT/simple`. The directory is re-read
-    on every request, so files added while serving show up.
+    on every request, so files added while serving show up. `files_at`: the base URL
+    (ending in ``/``) the pages link files under, e.g. another `serve_index`'s
+    ``http://127.0.0.1:PORT/files/``; None: this server's own.
     """
-    server = ThreadingHTTPServer(("127.0.0.1", port), _handler(Path(wheel_dir)))
+    server = ThreadingHTTPServer(("127.0.0.1", port), _handler(Path(wheel_dir), files_at))
     with serving(server, "leakyfixture-index") as port_served:
         yield f"http://127.0.0.1:{port_served}/simple"
 

@@ -90,6 +90,8 @@ def _cell(c: Candidate, state: str | None, public: JobPublic, row: CandidateRow 
     contradicted = contradiction_note(row) if row is not None else None
     if contradicted:
         marks.append(contradicted)
+    if row is not None and row.infrastructure:
+        marks.append(row.infrastructure)
     if not c.testable:
         letter, css, title = "×", "untestable", f"untestable: {c.untestable_reason or ''}"
     elif state == "running":

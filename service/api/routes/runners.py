@@ -219,7 +219,8 @@ def complete(
     )
     job = session.get(Job, trial.job_id)
     assert job is not None
-    judged = judge(job, report) if kinds.judged(trial) else None
+    # An infrastructure failure is no run to judge (service/trials.py `record_report`).
+    judged = judge(job, report) if kinds.judged(trial) and not report.infrastructure else None
     session.rollback()  # no transaction (and on SQLite no read snapshot) held while judging
     trial = queue.lock_for_report(session, trial_id, report.runner_id, report.attempt)
     job = session.get(Job, trial.job_id)
