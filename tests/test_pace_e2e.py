@@ -49,7 +49,9 @@ def bisect(index: str, script: Path, home: Path, uv_cache: Path, condition: str)
         proc = cli(run_args("1.0.0..1.0.9", index, db, "--no-attribute", script=script), home,
                    uv_cache, timeout=800)  # fmt: skip
         if condition == "cpu hog":  # the load was real: half a core's worth at least
-            assert hog is not None and hog.cpu_s() > 0.5 * (time.monotonic() - started), hog
+            assert hog is not None
+            used, spent = hog.cpu_s(), time.monotonic() - started
+            assert used > 0.5 * spent, f"the CPU hog used {used:.1f} CPU s in {spent:.1f} s"
     assert proc.stdout, proc.stderr
     report = json.loads(proc.stdout)
     con = sqlite3.connect(db)
