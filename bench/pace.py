@@ -1,5 +1,4 @@
-"""9. Pace and load: the same bisections at three paces, with and without step markers,
-idle and under a CPU hog.
+"""9. Pace and load: bisections at three paces, with and without markers, idle and loaded.
 
 ``uv run python -m bench.pace [--repeats N] [--shapes a,b] [--paces a,b] [--markers
 with,without] [--loads idle,cpu-hog] [--lengths 0.3,2] [--no-warm-up] [--quick --out DIR]``
@@ -51,6 +50,7 @@ second table, which tests/test_bench_pace.py checks.
 from __future__ import annotations
 
 import argparse
+import json
 import shlex
 import statistics
 import subprocess
@@ -73,8 +73,8 @@ from bench.common import (
     table,
     write_report,
 )
-from bench.neighbours import LETTER, bisection, neighbour
-from bench.report import INTROS, md_table, merge
+from bench.neighbours import LETTER, bisection, neighbour, watched
+from bench.report import INTROS, footer, md_table, merge
 from engine.analysis import ClassifierSettings
 from runners.markers import STEP_MARKER
 from service.example.fixture import SPIKE_WORKLOAD, FixtureSpec, build_fixture
@@ -84,7 +84,6 @@ from service.example.paced import WORK_MIB_FOR, ReproSpec, write_repro
 PACKAGE, SPAN = "leakyfixture", "1.0.0..1.0.9"
 TRUTH = ("1.0.5", "1.0.6")  # (last good, first bad) of every shape
 LOADS = ("idle", "cpu hog")
-SCORES = ("right", "wrong", "inconclusive", "error")
 THRESHOLD_MIB = ClassifierSettings().min_growth_mib  # the default absolute threshold
 DEFAULT_OUT = Path(__file__).resolve().parents[1] / "docs"
 
@@ -126,8 +125,9 @@ PACES = {
 # Issue #35's unpaced 50-step repros at the defaults: loop length (s) -> the repro.
 DEFAULTS = {length: ReproSpec(steps=50, pause_s=0.0, work_mib=mib)
             for length, mib in WORK_MIB_FOR.items()}  # fmt: skip
-# The warm-up bisection builds every environment; its repro is the quickest there is.
-WARM_UP = ReproSpec(steps=10, pause_s=0.0)
+# The warm-up bisection builds the environments: the bundled repro, whose runs of about 2 s
+# get a verdict each, so it visits the candidates a right answer visits.
+WARM_UP = ReproSpec()
 
 
 @dataclass(frozen=True)
@@ -170,13 +170,15 @@ class Target:
         run_dir = self.home / f"run-{self.runs:03d}"
         run_dir.mkdir(parents=True)
         script = write_repro(run_dir / "repro.py", repro)
-        try:
-            found = bisection(PACKAGE, ["--index-url", self.url], script, SPAN, self.home,
-                              run_dir)  # fmt: skip
-        except (RuntimeError, subprocess.SubprocessError) as exc:
-            found = {"error": str(exc)[-600:], "status": None, "verdicts": {}, "runs": [],
-                     "visited": [], "wall_s": None}  # fmt: skip
-        found.update(shape=self.shape, label=label, repro=repro.describe())
+        with watched() as seen:
+            try:
+                found = bisection(PACKAGE, ["--index-url", self.url], script, SPAN, self.home,
+                                  run_dir)  # fmt: skip
+            except (RuntimeError, subprocess.SubprocessError) as exc:
+                found = {"error": str(exc)[-600:], "status": None, "verdicts": {}, "runs": [],
+                         "visited": [], "wall_s": None}  # fmt: skip
+        found.update(shape=self.shape, label=label, repro=repro.describe(),
+                     max_load=seen["max_load"])  # fmt: skip
         found["score"] = score(found, SHAPES[self.shape].fixture)
         return found
 
@@ -248,8 +250,9 @@ def measure(cfg: Config, matrix: Matrix) -> dict[str, Any]:
         for name in names:
             with served(Path(tmp), name) as target:
                 if matrix.warm_up:
-                    cfg.log(f"pace: {name}: first bisection, environments built (not counted)")
-                    target.bisect(WARM_UP, "warm-up")
+                    warm = target.bisect(WARM_UP, "warm-up")
+                    cfg.log(f"pace: {name}: first bisection, environments built (not counted): "
+                            f"{_answer(warm)}, {len(warm['runs'])} runs")  # fmt: skip
                 if name in matrix.shapes:
                     out["bisections"] += _cells(cfg, matrix, target)
                 if name == "steady":
@@ -296,7 +299,8 @@ def _defaults(cfg: Config, matrix: Matrix, target: Target) -> list[dict[str, Any
 
 
 def run(cfg: Config, matrix: Matrix | None = None) -> dict[str, Any]:
-    """The section: `matrix` (default: all of it), or nothing in the suite's quick run."""
+    """The section: `matrix` (default: all of it), or nothing in the suite's quick run. A
+    measured one is stamped (`run_section`) and written to OUT/bench-pace.md too."""
     out: dict[str, Any] = {"title": "9. Pace and load", "quick": cfg.quick}
     if matrix is None and cfg.quick:
         out.update(bisections=[], defaults=[], tables=[_not_measured()])
@@ -307,10 +311,15 @@ def run(cfg: Config, matrix: Matrix | None = None) -> dict[str, Any]:
                      "repeats": matrix.repeats, "lengths": list(matrix.lengths),
                      "default_loads": list(matrix.default_loads),
                      "warm_up": matrix.warm_up}  # fmt: skip
-    out.update(measure(cfg, matrix))
-    out["tables"] = [t for t in (_pace_table(out), _defaults_table(out)) if t["rows"]]
-    write_report(cfg.out / "bench-pace.md", render(out, cfg.command))
-    return out
+    sec = run_section(lambda c: {**out, **measure(c, matrix)}, cfg, machine())
+    sec["tables"] = tables(sec)
+    write_report(cfg.out / "bench-pace.md", render(sec))
+    return sec
+
+
+def tables(res: dict[str, Any]) -> list[dict[str, Any]]:
+    """benchmarks.md's tables: pace by load, and the defaults table (those measured)."""
+    return [t for t in (_pace_table(res), _defaults_table(res)) if t["rows"]]
 
 
 # -------------------------------------------------------------------------------- tables
@@ -390,8 +399,10 @@ def _detail_table(res: dict[str, Any]) -> dict[str, Any]:
         runs = _runs(cell)
         answers = Counter(_answer(b) for b in cell)
         hog = cell[0].get("hog_cores")
+        peak = max((b.get("max_load") or 0.0 for b in cell), default=0.0)
         rows.append([
             shape, pace, _marks(markers), load + (f" ({hog:.1f} cores)" if hog else ""),
+            f"{peak:.1f}" if peak else "n/a",
             _rwi(cell), "; ".join(f"{a} ×{n}" for a, n in answers.items()),
             f"{statistics.mean(len(b['runs']) for b in cell):.1f}",
             secs(statistics.mean(b["wall_s"] or 0.0 for b in cell)),
@@ -400,11 +411,14 @@ def _detail_table(res: dict[str, Any]) -> dict[str, Any]:
         ])  # fmt: skip
     return table(
         "Every cell: its answers, trials and wall time",
-        ["shape", "pace", "markers", "load", "right/wrong/inconcl.", "answers", "runs (mean)",
+        ["shape", "pace", "markers", "load", "max load", "right/wrong/inconcl.", "answers",
+         "runs (mean)",
          "wall s (mean)", "runs: false leak / missed / inconclusive on leaking / on clean"],
         rows,
         "Runs: the run trials of all the cell's bisections, judged against the fixture's "
-        "truth. Load: the cores the CPU hog kept busy (its CPU seconds per second).",
+        "truth. Load: the cores the CPU hog kept busy (its CPU seconds per second). Max load: "
+        "the highest 1-minute load average seen during the cell's bisections, whatever ran "
+        "(n/a: not recorded).",
     )  # fmt: skip
 
 
@@ -519,14 +533,14 @@ def _bisection_lines(found: list[dict[str, Any]]) -> list[str]:
     return lines
 
 
-def render(res: dict[str, Any], command: str) -> str:
-    """docs/bench-pace.md: the notes, the tables, then every bisection's runs."""
-    footer = f"<sub>Machine: {machine()['summary']}. Command: `{command}`.</sub>"
+def render(res: dict[str, Any]) -> str:
+    """docs/bench-pace.md from a stamped section: notes, tables, every bisection's runs."""
+    under = footer(res) + f" <sub>Code: {res['machine'].get('revision', 'unknown')}.</sub>"
     lines = ["# Pace and load", "", INTROS["pace"], "", "What it shows:", ""]
     lines += [f"- {n}" for n in notes(res)] + [""]
     tables = [_pace_table(res), _detail_table(res)] if res["bisections"] else []
     for t in [*tables, *([_defaults_table(res)] if res["defaults"] else [])]:
-        lines.append(md_table(t, footer))
+        lines.append(md_table(t, under))
     lines += ["## Every bisection", "", "Verdicts: C clean, L leak, P plateau, ? inconclusive.", ""]
     lines += _bisection_lines(res["bisections"] + res["defaults"])
     lines += ["", "Written by `bench/pace.py` (its docstring says how each cell is run and "
@@ -568,13 +582,13 @@ def matrix_of(ap: argparse.ArgumentParser, args: argparse.Namespace) -> Matrix:
     )
 
 
-def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
+def parser() -> argparse.ArgumentParser:
+    """`python -m bench.pace`'s options (`matrix_of` reads the cells from them)."""
     ap = argparse.ArgumentParser(prog="python -m bench.pace", description=__doc__.split("\n")[0])
     add = ap.add_argument
     add("--repeats", type=int, default=3, help="bisections a cell (default 3)")
-    add("--shapes", default=",".join(SHAPES), help="comma-separated (default: all)")
-    add("--paces", default=",".join(PACES), help="comma-separated (default: all)")
+    add("--shapes", default=",".join(SHAPES), help=f"some of {','.join(SHAPES)} (default: all)")
+    add("--paces", default=",".join(PACES), help=f"some of {','.join(PACES)} (default: all)")
     add("--markers", default="with,without", help="with, without or both (default)")
     add("--loads", default="idle,cpu-hog",
         help="idle, cpu-hog or both (default); the defaults table's too")  # fmt: skip
@@ -586,19 +600,40 @@ def main(argv: list[str] | None = None) -> int:
     add("--quick", action="store_true",
         help="one cell (steady, unpaced, markers, idle, one bisection) and the defaults "
         "table's 0.3 s idle row; the options above do not apply")  # fmt: skip
+    add("--render", action="store_true",
+        help="measure nothing: rewrite bench-pace.md and benchmarks.md from "
+        "OUT/bench/results.json")  # fmt: skip
     add("--out", type=Path, default=None,
         help="directory for bench-pace.md and benchmarks.md (default docs/; required "
         "with --quick)")  # fmt: skip
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    ap = parser()
     args = ap.parse_args(argv)
     if args.quick and args.out is None:
         ap.error("--quick needs --out DIR (a quick run must not overwrite docs/)")
-    matrix = matrix_of(ap, args)
     out = args.out or DEFAULT_OUT
+    if args.render:
+        return _render(ap, out)
+    matrix = matrix_of(ap, args)
     command = shlex.join(["uv", "run", "python", "-m", "bench.pace", *argv])
     cfg = Config(quick=args.quick, out=out, command=command)
-    sec = run_section(lambda c: run(c, matrix), cfg, machine())
-    md = merge(out, "pace", sec)
+    md = merge(out, "pace", run(cfg, matrix))
     cfg.log(f"wrote {out / 'bench-pace.md'} and {md}")
+    return 0
+
+
+def _render(ap: argparse.ArgumentParser, out: Path) -> int:
+    stored = out / "bench" / "results.json"
+    sec = json.loads(stored.read_text()).get("pace") if stored.exists() else None
+    if not sec or not sec.get("bisections") and not sec.get("defaults"):
+        ap.error(f"--render: no measured pace section in {stored}; run the benchmark first")
+    write_report(out / "bench-pace.md", render(sec))
+    md = merge(out, "pace", {**sec, "tables": tables(sec)})
+    print(f"rewrote {out / 'bench-pace.md'} and {md} from {stored}", file=sys.stderr)
     return 0
 
 

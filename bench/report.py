@@ -128,7 +128,8 @@ def md_table(t: dict[str, Any], footer: str) -> str:
     return "\n".join(lines)
 
 
-def _footer(sec: dict[str, Any]) -> str:
+def footer(sec: dict[str, Any]) -> str:
+    """The machine, tools, load, command and time a section was measured with, in small print."""
     m = sec["machine"]
     load = sec.get("load")
     load_txt = f"; load average {load[0]:.2f} → {load[1]:.2f}" if load else ""
@@ -500,9 +501,9 @@ def render(results: dict[str, Any], images: dict[str, list[tuple[str, str]]]) ->
             lines.append("")
         if key == "e2e":
             lines += ["```bash", sec["naive_loop_script"].rstrip(), "```", ""]
-        footer = _footer(sec)
+        under = footer(sec)
         for t in sec["tables"]:
-            lines.append(md_table(t, footer))
+            lines.append(md_table(t, under))
         for name, alt in images.get(key, []):
             lines += [f"![{alt}](bench/{name})", ""]
     lines += [

@@ -14,7 +14,8 @@ from typing import Any
 import pytest
 
 from bench.common import Config
-from bench.pace import SHAPES, run, score
+from bench.pace import PACES, QUICK, SHAPES, Matrix, matrix_of, parser, run, score
+from service.example.paced import ReproSpec
 
 ROOT = Path(__file__).resolve().parents[1]
 TRUTH = ("1.0.5", "1.0.6")
@@ -108,6 +109,40 @@ def test_the_section_is_in_benchmarks_md_with_its_machine_and_command(quick) -> 
     assert body.count("Command: `uv run python -m bench.pace --quick --out ") == 2
     right = sum(b["score"] == "right" for b in sec["bisections"])
     assert f"- **Pace and load**: {right} of 1 bisections right, " in md
+
+
+def test_render_rewrites_the_report_from_the_stored_results(quick, tmp_path: Path) -> None:
+    out, _ = quick
+    written = (out / "bench-pace.md").read_text()
+    (out / "bench-pace.md").unlink()
+    proc = pace("--render", "--out", str(out))
+    assert proc.returncode == 0, proc.stderr
+    assert (out / "bench-pace.md").read_text() == written
+    proc = pace("--render", "--out", str(tmp_path))
+    assert proc.returncode == 2
+    assert proc.stderr.splitlines()[-1] == (
+        f"python -m bench.pace: error: --render: no measured pace section in "
+        f"{tmp_path / 'bench' / 'results.json'}; run the benchmark first"
+    )
+
+
+def test_the_options_choose_the_cells() -> None:
+    ap = parser()
+    chosen = matrix_of(ap, ap.parse_args([
+        "--repeats", "2", "--shapes", "native,steady", "--paces", "0.1s", "--markers",
+        "without", "--loads", "cpu-hog", "--lengths", "none", "--no-warm-up",
+    ]))  # fmt: skip
+    assert chosen == Matrix(shapes=("native", "steady"), paces=("0.1s",), markers=(False,),
+                            loads=("cpu hog",), repeats=2, lengths=(),
+                            default_loads=("cpu hog",), warm_up=False)  # fmt: skip
+    assert matrix_of(ap, ap.parse_args(["--lengths", "2", "--loads", "idle"])) == Matrix(
+        lengths=(2.0,), loads=("idle",), default_loads=("idle",))  # fmt: skip
+    assert matrix_of(ap, ap.parse_args([])) == Matrix()
+    assert matrix_of(ap, ap.parse_args(["--quick", "--out", "x"])) == QUICK
+    assert list(Matrix(paces=("unpaced", "1s")).cells()) == [
+        ("unpaced", True), ("unpaced", False), ("1s", True), ("1s", False)]  # fmt: skip
+    assert PACES["1s"].repro(False) == ReproSpec(steps=20, pause_s=1.0, markers=False)
+    assert PACES["unpaced"].repro(True) == ReproSpec(steps=50, pause_s=0.0, work_mib=24)
 
 
 def _answer(status: str | None, pair: tuple[str | None, str | None] = (None, None),
