@@ -5,14 +5,12 @@ from __future__ import annotations
 import argparse
 import importlib
 import json
-import os
 import shlex
 import sys
 import time
-from datetime import UTC, datetime
 from pathlib import Path
 
-from bench.common import Config, machine
+from bench.common import Config, machine, run_section
 from bench.report import SECTIONS, write
 
 DEFAULT_OUT = Path(__file__).resolve().parents[1] / "docs"
@@ -72,18 +70,8 @@ def main(argv: list[str] | None = None) -> int:
     started = time.monotonic()
     for key in only:
         module = importlib.import_module(f"bench.{key}")
-        t0 = time.monotonic()
-        load0 = os.getloadavg()[0]
         cfg.log(f"== {key}")
-        sec = module.run(cfg)
-        sec.update(
-            machine=info,
-            command=command,
-            when=datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"),
-            elapsed_s=time.monotonic() - t0,
-            load=[load0, os.getloadavg()[0]],
-        )
-        results[key] = sec
+        results[key] = run_section(module.run, cfg, info)
     ordered = {k: results[k] for k in SECTIONS if k in results}
     md = write(ordered, out)
     cfg.log(f"wrote {md} in {time.monotonic() - started:.0f} s")

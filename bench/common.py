@@ -12,6 +12,7 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -39,6 +40,25 @@ class Config:
     def pick(self, full: Any, quick: Any) -> Any:
         """`full` in a full run, `quick` in a quick one."""
         return quick if self.quick else full
+
+
+def run_section(
+    measure: Callable[[Config], dict[str, Any]], cfg: Config, info: dict[str, Any]
+) -> dict[str, Any]:
+    """A section's results from `measure(cfg)`, stamped with the machine (`info`), the
+    command, when, how long it took and the load average before and after, as the report
+    shows them under its tables."""
+    t0 = time.monotonic()
+    load0 = os.getloadavg()[0]
+    sec = measure(cfg)
+    sec.update(
+        machine=info,
+        command=cfg.command,
+        when=datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"),
+        elapsed_s=time.monotonic() - t0,
+        load=[load0, os.getloadavg()[0]],
+    )
+    return sec
 
 
 def write_report(path: Path, text: str) -> str:

@@ -86,7 +86,7 @@ def watched() -> Iterator[dict[str, float]]:
 def bisection(package: str, where: list[str], script: Path, span: str, work: Path,
               run_dir: Path) -> dict[str, Any]:  # fmt: skip
     """One `bisect-cli run` with environments and uv cache under `work`, its database and
-    answer under `run_dir`."""
+    answer under `run_dir`: the answer, and each run trial in order (`visited`, `runs`)."""
     run_dir.mkdir(parents=True, exist_ok=True)
     db = run_dir / "results.db"
     env = clean_env(BISECT_CACHE_DIR=str(work / "cache"), BISECT_DATA_DIR=str(run_dir))
@@ -100,22 +100,34 @@ def bisection(package: str, where: list[str], script: Path, span: str, work: Pat
         raise RuntimeError(f"bisect-cli gave no JSON (exit {proc.returncode}): "
                            f"{proc.stderr[-800:]}") from None  # fmt: skip
     con = sqlite3.connect(db)
-    visited = con.execute(
-        "select c.version, t.verdict from trial t join candidate c on c.id = t.candidate_id "
-        "where t.kind = 'run' order by t.id"
+    runs = con.execute(
+        "select c.version, t.verdict, t.duration_s, t.analysis, t.hints from trial t "
+        "join candidate c on c.id = t.candidate_id where t.kind = 'run' order by t.id"
     ).fetchall()
     con.close()
     return {
         "wall_s": w["s"],
+        "exit_code": proc.returncode,
         "status": report.get("status"),
         "message": report.get("message"),
+        "last_good": report.get("last_good"),
         "first_bad": report.get("first_bad"),
         "verdicts": {c["version"]: c["verdict"] for c in report.get("candidates", [])},
-        "visited": [list(v) for v in visited],
+        "visited": [[version, verdict] for version, verdict, *_ in runs],
+        "runs": [_run(*row) for row in runs],
         "stopped_early": sum(
             1 for e in report.get("evidence", []) for r in e["runs"] if r.get("stopped_early")
         ),
     }
+
+
+def _run(version: str, verdict: str | None, duration_s: float | None, analysis: str | None,
+         hints: str | None) -> dict[str, Any]:  # fmt: skip
+    """One run trial of a bisection: its verdict, why, how long, how many steps it was asked."""
+    judged = json.loads(analysis) if analysis else None
+    return {"version": version, "verdict": verdict, "duration_s": duration_s,
+            "reason": (judged or {}).get("reason"),
+            "steps_hint": json.loads(hints or "{}").get("LEAKBISECT_STEPS")}  # fmt: skip
 
 
 def _targets(work: Path, fixture_url: str) -> list[dict[str, Any]]:

@@ -14,7 +14,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-SECTIONS = ("classifier", "bisection", "envs", "sampler", "e2e", "speed", "neighbours", "earlystop")
+SECTIONS = (
+    "classifier", "bisection", "envs", "sampler", "e2e", "speed", "neighbours", "earlystop",
+    "pace",
+)  # fmt: skip
 HEADINGS = {
     "classifier": "## 1. Classifier accuracy",
     "bisection": "## 2. Bisection cost",
@@ -24,6 +27,7 @@ HEADINGS = {
     "speed": "## 6. Speed",
     "neighbours": "## 7. Verdicts under a noisy neighbour",
     "earlystop": "## 8. Early stopping",
+    "pace": "## 9. Pace and load",
 }
 INTROS = {
     "classifier": (
@@ -93,10 +97,25 @@ INTROS = {
         "rule's target: at most 0.1 % of bounded runs stopped, shown by the upper end of the "
         "95 % interval."
     ),
+    "pace": (
+        "Whether the answer depends on the repro's pace or the machine's load (issue #35): real "
+        "`bisect-cli run --no-attribute` bisections of the offline fixture (leakyfixture "
+        "1.0.0..1.0.9, first bad 1.0.6) for three leak shapes, each with its bounded noise on "
+        "every release (the steady 1 MiB a step with spikes, a cache and churn; the spike "
+        "workload, 3 MiB a step and a 200 MiB buffer touched page by page every 10th step; a "
+        "native leak through malloc), at three paces (unpaced, about 40 ms a step of ETL work; "
+        "0.1 s; 1 s, with 20 steps), with step markers and without, idle and with a CPU hog on "
+        "every core, several bisections each, and what unpaced 50-step repros of about 0.3 s "
+        "and 2 s return at the defaults. Written by `uv run python -m bench.pace` (which also "
+        "writes docs/bench-pace.md, every bisection's runs) or `python -m bench --only pace`. "
+        "Target: every leak found at every pace and load, no false leak, and no inconclusive "
+        "verdict on a leak that grows ten times the threshold."
+    ),
 }
 
 
-def _md_table(t: dict[str, Any], footer: str) -> str:
+def md_table(t: dict[str, Any], footer: str) -> str:
+    """One table as Markdown: its caption, rows and note, then `footer`."""
     lines = [f"**{t['caption']}**", ""]
     lines.append("| " + " | ".join(t["headers"]) + " |")
     lines.append("| " + " | ".join("---" for _ in t["headers"]) + " |")
@@ -109,7 +128,8 @@ def _md_table(t: dict[str, Any], footer: str) -> str:
     return "\n".join(lines)
 
 
-def _footer(sec: dict[str, Any]) -> str:
+def footer(sec: dict[str, Any]) -> str:
+    """The machine, tools, load, command and time a section was measured with, in small print."""
     m = sec["machine"]
     load = sec.get("load")
     load_txt = f"; load average {load[0]:.2f} → {load[1]:.2f}" if load else ""
@@ -415,6 +435,12 @@ def _earlystop_lines(x: dict[str, Any]) -> list[str]:
     ]
 
 
+def _pace_lines(x: dict[str, Any]) -> list[str]:
+    from bench.pace import notes
+
+    return ["**Pace and load**: " + notes(x)[0]]
+
+
 _HEADLINES: dict[str, Callable[[dict[str, Any]], list[str]]] = {
     "classifier": _classifier_lines,
     "bisection": _bisection_lines,
@@ -424,6 +450,7 @@ _HEADLINES: dict[str, Callable[[dict[str, Any]], list[str]]] = {
     "speed": _speed_lines,
     "neighbours": _neighbours_lines,
     "earlystop": _earlystop_lines,
+    "pace": _pace_lines,
 }
 
 
@@ -474,9 +501,9 @@ def render(results: dict[str, Any], images: dict[str, list[tuple[str, str]]]) ->
             lines.append("")
         if key == "e2e":
             lines += ["```bash", sec["naive_loop_script"].rstrip(), "```", ""]
-        footer = _footer(sec)
+        under = footer(sec)
         for t in sec["tables"]:
-            lines.append(_md_table(t, footer))
+            lines.append(md_table(t, under))
         for name, alt in images.get(key, []):
             lines += [f"![{alt}](bench/{name})", ""]
     lines += [
@@ -488,12 +515,22 @@ def render(results: dict[str, Any], images: dict[str, list[tuple[str, str]]]) ->
         "uv run python -m bench --only envs,e2e       # some, merged into the last results",
         "uv run python -m bench --quick --out /tmp/b  # CI-sized",
         "uv run python -m bench --render              # rewrite the text and plots only",
+        "uv run python -m bench.pace --repeats 1      # section 9 alone, a subset of its cells",
         "```",
         "",
         "Raw numbers: `bench/results.json` next to this file.",
         "",
     ]
     return "\n".join(lines)
+
+
+def merge(out: Path, key: str, sec: dict[str, Any]) -> Path:
+    """Put one section's results beside the others in OUT/bench/results.json and rewrite
+    OUT/benchmarks.md and the plots from them all (a standalone run of one section)."""
+    previous = Path(out) / "bench" / "results.json"
+    results = json.loads(previous.read_text()) if previous.exists() else {}
+    results[key] = sec
+    return write({k: results[k] for k in SECTIONS if k in results}, out)
 
 
 def write(results: dict[str, Any], out: Path) -> Path:

@@ -34,6 +34,7 @@ CONTAINER_MODULES = ("test_docker_executor", "test_docker_compose", "test_docker
 GROUPS: dict[str, str] = {
     **{f"tests/{name}.py": "containers" for name in CONTAINER_MODULES},
     "tests/test_neighbours_e2e.py": "loads the machine",
+    "tests/test_pace_e2e.py": "loads the machine",
     "tests/test_bench.py": "loads the machine",
 }
 

@@ -33,6 +33,15 @@ mistakes a spike or a filling cache for a leak fails on the clean releases:
 - `cache`: a cache fills with `cache_kib` over the first `cache_fill_steps` steps, then stops;
 - `churn`: a few thousand small objects are allocated and dropped every step.
 
+One more kind is off by default, for the spike workload (`SPIKE_WORKLOAD`: this noise and a
+steady 3 MiB kept per step on the leaking releases, run without step markers):
+
+- `page_spikes`: every `page_spike_every` steps (the 10th, 20th, ...) a buffer of
+  `page_spike_mib` MiB (200) is mapped, touched page by page from Python and unmapped
+  again within the step, so the RSS climbs for as long as the touching takes (longer on a
+  loaded machine) and falls at once. Its code is appended to the module only when it is
+  asked for, so every other fixture's wheels stay byte for byte as they were.
+
 Leaked memory is real: buffers are filled byte by byte (`bytearray(b"\\xa5") * n` is a
 memset), so every page is touched and RSS grows. With the bundled repro (40 steps) a
 leaking release grows by about 40 MiB and a clean one stays flat after step 8.
@@ -63,6 +72,7 @@ FOREIGN_TAG = "cp311-cp311-win_amd64"
 _ZIP_DATE = (2024, 1, 1, 0, 0, 0)
 
 DEFAULT_VERSIONS = tuple(f"1.0.{i}" for i in range(10))
+NOISE_KINDS = ("spikes", "cache", "churn", "page_spikes")
 
 
 @dataclass(frozen=True)
@@ -86,6 +96,8 @@ class FixtureSpec:
     requires_python: str | None = ">=3.8"
     spike_mib: int = 32
     spike_every: int = 10
+    page_spike_mib: int = 200
+    page_spike_every: int = 10
     cache_kib: int = 4096
     cache_fill_steps: int = 8
     # How a leaking release leaks: "python" (a bytearray kept, visible to tracemalloc) or
@@ -108,11 +120,13 @@ class FixtureSpec:
         object.__setattr__(self, "yanked", MappingProxyType(dict(self.yanked)))
         if self.leak_via not in ("python", "native"):
             raise ValueError(f"leak_via must be 'python' or 'native', not {self.leak_via!r}")
-        unknown = set(self.noise) - {"spikes", "cache", "churn"}
+        unknown = set(self.noise) - set(NOISE_KINDS)
         if unknown:
             raise ValueError(f"unknown noise kinds: {', '.join(sorted(unknown))}")
         if self.upload_start.tzinfo is None:
             raise ValueError("upload_start must be timezone-aware")
+        if self.page_spike_mib < 1 or self.page_spike_every < 1:
+            raise ValueError("page_spike_mib and page_spike_every must be at least 1")
 
     def all_versions(self) -> list[str]:
         """Every release the fixture builds, in PEP 440 order."""
@@ -141,6 +155,12 @@ class FixtureSpec:
 
     def wheel_filename(self, version: str) -> str:
         return f"{NAME}-{Version(version)}-{self.wheel_tag(version)}.whl"
+
+
+# The spike workload (issue #35): a 200 MiB buffer touched page by page every 10th step, a
+# steady 3 MiB a step kept on the leaking releases (1.0.6 on), no other noise. Run it
+# without step markers (service.example.paced).
+SPIKE_WORKLOAD = FixtureSpec(leak_kib_per_step=3 * 1024, noise=("page_spikes",))
 
 
 def native_tag() -> str:
@@ -223,6 +243,26 @@ void *leak(size_t n) {
 """
 
 
+_PAGE_SPIKES_TEMPLATE = '''
+
+import mmap
+
+PAGE_SPIKE_BYTES = {page_spike_bytes!r}
+PAGE_SPIKE_EVERY = {page_spike_every!r}
+_step_without_page_spikes = step
+
+
+def step():
+    """step(), and every PAGE_SPIKE_EVERY steps a buffer touched page by page and freed."""
+    _step_without_page_spikes()
+    if _steps % PAGE_SPIKE_EVERY == 0:
+        buffer = mmap.mmap(-1, PAGE_SPIKE_BYTES)  # anonymous: no page of it resident yet
+        for offset in range(0, PAGE_SPIKE_BYTES, mmap.PAGESIZE):
+            buffer[offset] = 0xA5
+        buffer.close()  # unmapped: the RSS falls back at once
+'''
+
+
 _NEW_API_TEMPLATE = '''
 
 def new_api():
@@ -236,6 +276,11 @@ def module_source(spec: FixtureSpec, version: str) -> str:
     source = _module_source(spec, version)
     if spec.leak_via == "native":
         source = source.replace(_NATIVE_LEAK, "_native(LEAK_BYTES)") + _NATIVE_TEMPLATE
+    if "page_spikes" in spec.noise:
+        source += _PAGE_SPIKES_TEMPLATE.format(
+            page_spike_bytes=spec.page_spike_mib * 1024 * 1024,
+            page_spike_every=spec.page_spike_every,
+        )
     if spec.lacks_new_api is not None and version not in spec.lacks_new_api:
         source += _NEW_API_TEMPLATE
     return source
