@@ -11,6 +11,7 @@ end: the real `bisect-cli run --no-attribute`, real uv environments, real child 
   step, 3 MiB a step kept from 1.0.6 on) with no step markers, 50 steps at 0.1 s, under a
   CPU hog: touching the buffer takes longer on a loaded machine, and a spike must never be
   read as a floor.
+- A repro of 12 unpaced steps, too short to judge alone: run again and pooled, and said.
 
 Each pins the whole answer: first bad 1.0.6, last good 1.0.5, exit 0, every candidate's
 verdict and the runs in order. bench/pace.py measures the same cells several times each
@@ -20,6 +21,7 @@ verdict and the runs in order. bench/pace.py measures the same cells several tim
 from __future__ import annotations
 
 import json
+import re
 import sqlite3
 import time
 from collections.abc import Iterator
@@ -27,7 +29,7 @@ from pathlib import Path
 
 import pytest
 
-from service.example.fixture import SPIKE_WORKLOAD, build_fixture
+from service.example.fixture import SPIKE_WORKLOAD, FixtureSpec, build_fixture
 from service.example.index import serve_index
 from service.example.paced import WORK_MIB_FOR, ReproSpec, write_repro
 from tests.test_neighbours_e2e import EXPECTED, Bisection, assert_answer, neighbour
@@ -100,3 +102,56 @@ def test_the_spike_workload_without_markers_is_bisected_exactly_under_a_cpu_hog(
     found = bisect(spike_index, script, home, uv_cache, "cpu hog")
     assert_answer(found, EXPECTED["leakyfixture"])
     assert steps_counted(found) == {None}  # no markers: no step count, judged by time alone
+
+
+SHORT = """\
+import leakyfixture
+
+STEP_MARKER = "::leakbisect-step::"
+for _ in range(12):  # a short repro: 12 unpaced steps, whatever LEAKBISECT_STEPS asks
+    print(STEP_MARKER, flush=True)
+    leakyfixture.step()
+"""
+
+
+@pytest.fixture(scope="module")
+def four_mib_index(reachable_dir) -> Iterator[str]:
+    """The fixture with a leak of 4 MiB a step: 9 judged steps then grow past the 8 MiB T."""
+    spec = FixtureSpec(leak_kib_per_step=4096)
+    with serve_index(build_fixture(reachable_dir("four-mib-wheels"), spec)) as url:
+        yield url
+
+
+def test_runs_too_short_to_judge_alone_are_run_again_and_pooled(
+    four_mib_index: str, uv_cache: Path, reachable_dir
+) -> None:
+    """12 markers a run, fewer than the 21 that are always enough: every run is "too few
+    readings to judge alone", so each candidate runs again (up to --max-runs 3) and its
+    runs are judged together, and the report says so; the answer is exact."""
+    home = reachable_dir("short")
+    script = home / "repro.py"
+    script.write_text(SHORT)
+    db = home / "results.db"
+    proc = cli(run_args("1.0.0..1.0.9", four_mib_index, db, "--no-attribute", script=script),
+               home, uv_cache)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    report = json.loads(proc.stdout)
+    assert (report["status"], report["last_good"], report["first_bad"]) == (
+        "found", "1.0.5", "1.0.6"
+    ), report["message"]
+    con = sqlite3.connect(db)
+    reasons = [json.loads(a)["reason"] for (a,) in con.execute(
+        "select analysis from trial where kind = 'run' order by id")]  # fmt: skip
+    con.close()
+    assert reasons and all("too few readings to judge alone: " in r for r in reasons), reasons
+    judged = {c["version"]: c for c in report["candidates"] if c["verdict"]}
+    for version in ("1.0.5", "1.0.6"):
+        runs = "3" if version == "1.0.6" else "[23]"
+        assert re.match(
+            rf"pooled over {runs} runs too short to judge alone: "
+            rf"{judged[version]['verdict']}: ", judged[version]["pooled"]
+        ), judged[version]
+    # Every judged candidate's verdict is a pool's: clearing takes two runs, convicting three.
+    for version, c in judged.items():
+        needed = "3" if c["verdict"] == "leak" else "[23]"
+        assert re.match(rf"pooled over {needed} runs too short", c["pooled"]), (version, c)
