@@ -71,7 +71,10 @@ loop of a few steps, a fraction of a second without markers) is INCONCLUSIVE and
 floors it has: each judged step's lowest reading, or its readings per second
 (engine/analysis.py `_short`). The scheduler runs such a candidate again, asking for a
 longer run, up to `max_runs`; when fewer than two runs pool as above, the runs that ended
-normally with at least `SHORT_MIN` floors (short or not, in one unit) are judged together:
+normally with at least `SHORT_MIN` floors per step (short or not) are judged together. Only
+per step: what a verdict needs is counted in steps, and a run without markers that is too
+short alone is a fraction of a second (the sampler reads 100 times a second while a run is
+young), whose windows of a few hundredths of a second would clear anything.
 
 1. Slope: one Theil-Sen slope over the pairs within each run, never across two (each run
    has its own level), with Sen's interval from the summed variances: the seasonal Kendall
@@ -83,7 +86,8 @@ normally with at least `SHORT_MIN` floors (short or not, in one unit) are judged
    `leak_late_ratio` x the slope (still rising at the end: a cache that filled in each
    run's first steps fails here).
 4. CLEAN: even slope_high x window stays under T.
-5. INCONCLUSIVE otherwise. The reason says the runs were pooled because each was too short.
+5. INCONCLUSIVE otherwise, naming the first LEAK rule that failed. The reason says the runs
+   were pooled because each was too short.
 
 The pooled run verdict combines host and GPU as a single run does (LEAK if either
 leaks, else INCONCLUSIVE, PLATEAU, CLEAN). The candidate's verdict, `classify_runs`:
@@ -334,9 +338,10 @@ def pool_series(
 
 
 def _has_floors(series: dict[str, Any] | None) -> bool:
-    """A series with floors to pool as a short run (judged or too short to judge alone)."""
+    """A series with floors per step to pool as a short run (judged or too short alone)."""
     return (
         series is not None
+        and series.get("unit") == "MiB/step"
         and len(series.get("floors_mib") or ()) >= SHORT_MIN
         and len(set(series.get("floor_x") or ())) >= 2
         and (series.get("window") or 0) > 0
@@ -345,8 +350,8 @@ def _has_floors(series: dict[str, Any] | None) -> bool:
 
 
 def _short_runs(runs: Sequence[PooledRun]) -> list[PooledRun]:
-    """The runs of the short-run pool: ended normally, with host floors, in one unit."""
-    out = [
+    """The runs of the short-run pool: ended normally, with host floors per step."""
+    return [
         r
         for r in runs
         if r.ended_normally
@@ -354,8 +359,6 @@ def _short_runs(runs: Sequence[PooledRun]) -> list[PooledRun]:
         and r.analysis is not None
         and _has_floors(r.analysis.get("host"))
     ]
-    units = [r.analysis["host"]["unit"] for r in out]  # type: ignore[index]
-    return [r for r, u in zip(out, units, strict=True) if u == units[0]] if out else []
 
 
 def _groups(series: Sequence[dict[str, Any]], late: bool = False) -> list:
@@ -371,9 +374,9 @@ def _groups(series: Sequence[dict[str, Any]], late: bool = False) -> list:
 
 
 def pool_short(series: Sequence[dict[str, Any]], s: ClassifierSettings) -> PooledSeries:
-    """The short-run pool's verdict over >= 2 runs' series dicts (the module docstring)."""
+    """The short-run pool's verdict over >= 2 runs' series dicts, per step (the module
+    docstring); the reason names the first LEAK rule that failed."""
     unit = series[0]["unit"]
-    per = "step" if unit == "MiB/step" else "s"
     fit = grouped_theilslopes(_groups(series), alpha=s.confidence)
     late = grouped_theilslopes(_groups(series, late=True), alpha=s.confidence)
     window = float(np.median([d["window"] for d in series]))
@@ -381,23 +384,27 @@ def pool_short(series: Sequence[dict[str, Any]], s: ClassifierSettings) -> Poole
     own = [theilslopes(y, x)[0] for y, x in _groups(series)]
     o = _fmt
     trend = (
-        f"floor slope {o(fit.slope)} MiB/{per} (CI {o(fit.low_slope)}..{o(fit.high_slope)}) "
+        f"floor slope {o(fit.slope)} MiB/step (CI {o(fit.low_slope)}..{o(fit.high_slope)}) "
         f"within each run, {'+' if fit.slope >= 0 else ''}{o(fit.slope * window)} MiB over "
-        f"{window:.0f} {'steps' if per == 'step' else 's'}"
+        f"{window:.0f} steps"
     )
     thr = f"threshold {o(threshold)} MiB"
-    if (
-        len(series) >= 3
-        and all(x > 0 for x in own)
-        and fit.low_slope > 0
-        and fit.slope * window >= threshold
-        and late.slope >= s.leak_late_ratio * fit.slope
-    ):
+    rules = [  # rule 3, in order: (holds, why not)
+        (len(series) >= 3, "two runs cannot tell their spread, a third decides"),
+        (all(x > 0 for x in own),
+         "not every run rose on its own (" + ", ".join(o(x) for x in own) + " MiB/step)"),
+        (fit.low_slope > 0 and fit.slope * window >= threshold,
+         f"too uncertain to call against the {thr}"),
+        (late.slope >= s.leak_late_ratio * fit.slope,
+         f"the last half of each run rose only {o(late.slope)} MiB/step"),
+    ]  # fmt: skip
+    failed = [why for holds, why in rules if not holds]
+    if not failed:
         verdict, reason = Verdict.LEAK, f"{trend} ({thr}), every run rising to its end"
     elif fit.high_slope * window < threshold:
         verdict, reason = Verdict.CLEAN, f"{trend}; even the upper bound stays under the {thr}"
     else:
-        verdict, reason = Verdict.INCONCLUSIVE, f"{trend}; too uncertain to call against the {thr}"
+        verdict, reason = Verdict.INCONCLUSIVE, f"{trend}; {failed[0]}"
     return PooledSeries(
         verdict=verdict, reason=reason, unit=unit, runs=len(series), slope=fit.slope,
         slope_low=fit.low_slope, slope_high=fit.high_slope, tau=math.nan,
@@ -413,7 +420,6 @@ def _pool_short(runs: Sequence[PooledRun], s: ClassifierSettings) -> PooledAnaly
         return None
     host = pool_short([r.analysis["host"] for r in short], s)  # type: ignore[index]
     gpu_series = [r.analysis["gpu"] for r in short if _has_floors(r.analysis.get("gpu"))]  # type: ignore[union-attr]
-    gpu_series = [d for d in gpu_series if d["unit"] == gpu_series[0]["unit"]] if gpu_series else []
     gpu = pool_short(gpu_series, s) if len(gpu_series) >= 2 else None
     has_gpu = any(r.analysis.get("gpu") for r in short)  # type: ignore[union-attr]
     together, reason = _combine(host, gpu, has_gpu)

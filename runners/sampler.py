@@ -14,8 +14,10 @@ descendants, the script and every orphan re-parented to the init, are sampled),
 listed through ``/proc/PID/task/TID/children`` (`runners.shim.descendants`: one
 small read per process of the tree), plus what ``listed`` returns (the trial's
 cgroup.procs). The list is refreshed every ``refresh_s`` (default about once a
-second; trials refresh at every sample, which costs tens of microseconds for a small
-tree, so a double fork cannot hide between refreshes). Processes that vanish between
+second; trials at most every 20 ms, `runners.executor.REFRESH_S`, so a double fork cannot
+hide for longer, while the readings at step markers in between cost only the reading), and
+at every sample while no process of the tree is known yet (a trial's first readings come
+before its script has started). Processes that vanish between
 refreshes are normal and skipped, and so are zombies (RSS 0); one that left the tree
 (re-parented away) is still sampled while it lives. Every process ever seen stays in
 `seen` for the caller's clean-up.
@@ -250,7 +252,9 @@ class Sampler:
         watchdog updated; `t` defaults to now. None when no process of the tree is alive."""
         if not self._attached:
             self.attach()
-        if time.monotonic() - self._last_refresh >= self.refresh_s:
+        # Re-listed when due, and whenever no process is known yet (a trial's first
+        # readings come before its script has started under the supervisor).
+        if not self._procs or time.monotonic() - self._last_refresh >= self.refresh_s:
             self.refresh()
         rss, shared, alive = self._host()
         if not alive:

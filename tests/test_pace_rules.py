@@ -178,6 +178,22 @@ def test_two_short_runs_may_clear_but_not_convict() -> None:
     assert classify_runs(_short_runs(2, leak=0.0)).verdict is Verdict.CLEAN
     two = classify_runs(_short_runs(2, leak=2.0))
     assert two.verdict is Verdict.INCONCLUSIVE, two.reason
+    assert two.reason.endswith("two runs cannot tell their spread, a third decides"), two.reason
+
+
+def test_short_runs_without_markers_are_not_pooled() -> None:
+    """A run without markers too short to judge alone lasts a fraction of a second: its
+    window would clear anything, so such runs keep their vote (inconclusive)."""
+    runs = []
+    for seed in range(3):
+        t, v, _ = unpaced(steps=12, leak_mib=2.0, seed=seed, setup_s=0.05, clock_hz=100.0)
+        a = classify_run(t, v, None, (), exit_code=0, oom_killed=False, timed_out=False)
+        assert a.verdict is Verdict.INCONCLUSIVE
+        assert "to judge alone: " in a.reason, a.reason
+        runs.append(_run(a.verdict, a.to_dict()))
+    pooled = classify_runs(runs)
+    assert (pooled.verdict, pooled.runs) == (Verdict.INCONCLUSIVE, 0), pooled.reason
+    assert pooled.reason == "inconclusive by vote of 3 runs"
 
 
 def test_a_cache_filling_in_each_short_run_is_not_a_leak() -> None:
