@@ -75,6 +75,7 @@ from runners.watch import (
     LOG_TAIL_BYTES,
     STDERR_TAIL_BYTES,
     Execution,
+    Lines,
     Output,
     Readings,
     WatchArgs,
@@ -245,7 +246,9 @@ class _ScriptRun:
         self.out = Output(self.t0, on_marker=self.readings.at_marker)
         assert proc.stdout is not None and proc.stderr is not None
         self.readers = [
-            threading.Thread(target=self.out.read_stdout, args=(proc.stdout,), daemon=True),
+            # Straight from the pipe's fd: the reader knows when it is behind (watch.Lines).
+            threading.Thread(target=self.out.read_stdout,
+                             args=(Lines.of_pipe(proc.stdout.fileno()),), daemon=True),
             threading.Thread(target=self.out.read_stderr, args=(proc.stderr,), daemon=True),
         ]
         for r in self.readers:

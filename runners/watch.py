@@ -32,7 +32,10 @@ Everything else is here, once:
   A loop that fell behind (suspended, overloaded) does not burst. Each reading carries the
   last step marker seen (None before the first) and goes to ``on_sample`` (a failing
   callback is logged once and never stops the watch). Readings are taken one at a time
-  (a lock), so their times never decrease.
+  (a lock), so their times never decrease. A reading is labelled right only when the
+  marker reader has taken everything the script printed: markers that reach it together
+  (it fell behind on a loaded machine) are read at the last of them only, and a clock
+  reading due meanwhile waits one period (never two running: `Output.behind`).
 * The end: between samples the loop waits on the source's end (`SampleSource.wait_end`),
   so an exit, a kill from another thread or a source that saw its run die ends the loop
   at once.
@@ -43,7 +46,11 @@ tails, the same for both executors; `Execution` is what one run gave.
 
 from __future__ import annotations
 
+import array
+import fcntl
 import logging
+import os
+import termios
 import threading
 import time
 from collections import deque
@@ -120,11 +127,61 @@ class _Tail:
         return s[-self.limit :]
 
 
+class Lines:
+    """``readline`` over a stream of byte chunks (`read_chunk`, b"" at its end), and
+    `behind`: whether more output has already come than the reader has taken, so a line
+    just read is not the script's latest (`pending` says what waits outside the buffer)."""
+
+    def __init__(
+        self, read_chunk: Callable[[], bytes], pending: Callable[[], bool] = lambda: False
+    ) -> None:
+        self.read_chunk = read_chunk
+        self.pending = pending
+        self.buf = b""
+
+    @classmethod
+    def of_pipe(cls, fd: int) -> Lines:
+        """The lines of a pipe read straight from its fd (its unread bytes: FIONREAD)."""
+        return cls(lambda: os.read(fd, 65536), lambda: _unread(fd) > 0)
+
+    def readline(self, limit: int = _MAX_LINE) -> bytes:
+        while b"\n" not in self.buf and len(self.buf) < limit:
+            try:
+                chunk = self.read_chunk()
+            except (OSError, ValueError, StopIteration):
+                chunk = b""
+            if not chunk:
+                break
+            self.buf += chunk
+        cut = self.buf.find(b"\n")
+        end = cut + 1 if 0 <= cut < limit else min(limit, len(self.buf))
+        line, self.buf = self.buf[:end], self.buf[end:]
+        return line
+
+    def behind(self) -> bool:
+        return b"\n" in self.buf or self.pending()
+
+
+def _unread(fd: int) -> int:
+    """Bytes waiting in a pipe (0 where the kernel will not say)."""
+    buf = array.array("i", [0])
+    try:
+        fcntl.ioctl(fd, termios.FIONREAD, buf)
+    except OSError:
+        return 0
+    return buf[0]
+
+
 class Output:
     """Reads a run's stdout (markers) and stderr into tails; ``t0`` is the run's clock.
 
-    ``on_marker`` (`Readings.at_marker`) is called on the reader's thread with each
-    marker's step, after the marker is recorded: a reading is taken there."""
+    ``on_marker`` (`Readings.at_marker`) is called on the reader's thread with a marker's
+    step, after the marker is recorded, when it is the latest: a reading is taken there.
+    Markers that reached the reader together (it fell behind on a loaded machine) were
+    printed over some time before, so only the last of them is read: a reading labelled
+    with an earlier one would measure a later step, or the script's teardown. `behind`
+    says the same to the clock's readings (stdout read through `Lines`; another stream is
+    never behind)."""
 
     def __init__(self, t0: float, on_marker: Callable[[int], None] | None = None):
         self.t0 = t0
@@ -134,8 +191,15 @@ class Output:
         self.steps: list[tuple[float, int]] = []
         self._last_step = 0
         self.on_marker = on_marker
+        self._stdout: object = None
 
-    def read_stdout(self, f: IO[bytes]) -> None:
+    def behind(self) -> bool:
+        """Whether stdout holds output the reader has not taken yet."""
+        check = getattr(self._stdout, "behind", None)
+        return bool(check()) if check is not None else False
+
+    def read_stdout(self, f: IO[bytes] | Lines) -> None:
+        self._stdout = f
         for raw in iter(lambda: f.readline(_MAX_LINE), b""):
             line = raw.decode("utf-8", errors="replace")
             is_marker, n = parse_marker(line)
@@ -145,7 +209,7 @@ class Output:
                 self._last_step = step
                 with self.lock:
                     self.steps.append((t, step))
-                if self.on_marker is not None:
+                if self.on_marker is not None and not self.behind():
                     self.on_marker(step)
                 continue
             with self.lock:
@@ -262,6 +326,10 @@ class Pace:
             return self.tokens + refill >= 1.0
         return now - self.last >= self.clock_period(now)
 
+    def defer(self, now: float) -> None:
+        """The clock's reading is not taken this time: the next one is due a period on."""
+        self.next_at = max(self.next_at, now) + self.clock_period(now)
+
     def taken(self, now: float, by_clock: bool) -> None:
         refill = (now - max(self.last, self.began)) * MARKER_HZ
         self.tokens = min(float(MARKER_BURST), self.tokens + refill)
@@ -289,6 +357,7 @@ class Readings:
         self.report = _Callback(args.on_sample)
         self.lock = threading.Lock()
         self.closed = False
+        self.deferred = False  # the last clock reading waited for the marker reader
 
     def _take(self, step: int | None, by_clock: bool) -> None:
         s = self.source.sample(time.monotonic() - self.args.t0, step)
@@ -298,10 +367,18 @@ class Readings:
         self.pace.taken(time.monotonic(), by_clock)
 
     def tick(self, out: Output) -> None:
-        """The watch loop's turn: a reading when the clock says so."""
+        """The watch loop's turn: a reading when the clock says so. Not while the marker
+        reader is behind (its label would be a step the script has left), but never two
+        ticks running: a script that prints without pause would otherwise starve them."""
         with self.lock:
-            if self.pace.due(time.monotonic()):
-                self._take(out.last_step(), by_clock=True)
+            if not self.pace.due(time.monotonic()):
+                return
+            if out.behind() and not self.deferred:
+                self.deferred = True
+                self.pace.defer(time.monotonic())
+                return
+            self.deferred = False
+            self._take(out.last_step(), by_clock=True)
 
     def at_marker(self, step: int) -> None:
         with self.lock:

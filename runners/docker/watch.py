@@ -59,6 +59,10 @@ class _Lines:
             if not line or self.on_line is None or not self.on_line(line):
                 return line
 
+    def behind(self) -> bool:
+        """A whole line already came that the reader has not taken (`runners.watch.Output`)."""
+        return b"\n" in self.buf
+
 
 @dataclass
 class Watch:
