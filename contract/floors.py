@@ -14,9 +14,11 @@ The judged part (`judged_part`), in this order:
    are taken as printed unless they ever decrease in time (a counter reset every epoch),
    then the markers are counted instead (`step_index`).
 2. By steps. With markers, the first max(warmup_steps, ceil(warmup_step_fraction x steps))
-   steps are dropped too (optimizer state, CUDA context, autotuner workspaces); when at
-   least min_blocks judged steps remain, x is the step and the window is the number of
-   judged steps.
+   steps from the first marker are dropped too (optimizer state, CUDA context, autotuner
+   workspaces), counted from the first marker printed, read or not (on a loaded machine a
+   fast loop's first markers can reach the reader together, and only the last of them is
+   read); when at least min_blocks judged steps remain, x is the step and the window is
+   the number of judged steps.
 3. By seconds, otherwise, unless `steps_only` (then None: the early-stop rule never judges
    a run of a job whose runs print markers by seconds). x is the time, over the samples
    rule 1 kept when the run has markers (from the first marker on), else over all of them,
@@ -89,11 +91,20 @@ class Judged(NamedTuple):
     per: str  # "step" | "s"
 
 
+class Marked(NamedTuple):
+    """Each sample's step (-1 before the first marker), which samples lie inside the marked
+    loop, and the first marker's time and step."""
+
+    step: np.ndarray
+    inside: np.ndarray
+    first_t: float
+    first_step: int
+
+
 def step_index(
     t: np.ndarray, steps: Sequence[tuple[float, int]], ended: bool = False
-) -> tuple[np.ndarray, np.ndarray, float]:
-    """(the step of each sample or -1, which samples lie inside the marked loop, the first
-    marker's time): rule 1 of the module docstring. `steps` must not be empty."""
+) -> Marked:
+    """Rule 1 of the module docstring, per sample. `steps` must not be empty."""
     marks = sorted((float(mt), int(ms)) for mt, ms in steps)
     mt = np.array([m[0] for m in marks])
     ms = np.array([m[1] for m in marks])
@@ -109,7 +120,7 @@ def step_index(
     elif len(mt) >= 2:
         typical = float(np.median(np.diff(mt)))
         inside &= t <= mt[-1] + 2.0 * max(typical, 0.0) + 1e-9
-    return step, inside, float(mt[0])
+    return Marked(step, inside, float(mt[0]), int(ms[0]))
 
 
 def judged_part(
@@ -121,18 +132,22 @@ def judged_part(
     steps_only: bool = False,
     full_span: float = 0.0,
     ended: bool = False,
+    any_steps: bool = False,
 ) -> Judged | None:
     """The judged part of a run so far, as the module docstring's rules say; None: nothing
-    to judge (too few samples, or too few judged steps with `steps_only`)."""
+    to judge (too few samples, or too few judged steps with `steps_only`). `any_steps`: by
+    steps however few are judged (the classifier's floors of a run too short to judge)."""
     tt, vv = t, v
     if steps:
-        step, inside, _ = step_index(t, steps, ended)
+        step, inside, _, first = step_index(t, steps, ended)
         if inside.any():
-            first, last = int(step[inside].min()), int(step[inside].max())
+            # From the first marker, read or not: on a loaded machine the first markers of a
+            # fast loop may reach the reader together, and only the last of them is read.
+            last = int(step[inside].max())
             warm = max(s.warmup_steps, math.ceil(s.warmup_step_fraction * (last - first + 1)))
             judged = inside & (step >= first + warm)
             n_judged = last - (first + warm) + 1
-            if judged.any() and n_judged >= s.min_blocks:
+            if judged.any() and (n_judged >= s.min_blocks or any_steps):
                 return Judged(step[judged].astype(float), v[judged], float(n_judged), "step")
         tt, vv = t[inside], v[inside]
     if steps_only or len(tt) < 2:
@@ -232,6 +247,37 @@ def block_floors(
     wide = [
         _percentile(np.sort(vs[bounds[max(b - 1, 0)] : bounds[min(b + 2, n_blocks)]]), percentile)
         for b in keep_b
+    ]
+    return np.array(pos), np.array(floors), np.array(wide)
+
+
+def count_floors(
+    x: np.ndarray, v: np.ndarray, n_blocks: int, percentile: float, keep: np.ndarray,
+    whole: bool,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """As `block_floors`, but each block holds about an equal share of the kept samples (in
+    x order) instead of an equal width of x: the classifier's last resort when stretches
+    without samples leave too few equal-width blocks usable. `whole` (x is a step): a step's
+    samples never split between two blocks, so no two blocks are the same step's; the
+    blocks are then as many as the steps allow (at most `n_blocks`)."""
+    xs, vs = x[keep], v[keep]
+    if whole:
+        _, starts = np.unique(xs, return_index=True)  # where each step's samples begin
+        share = len(xs) // n_blocks  # >= min_block_samples: n_blocks <= len // that
+        cuts = [0]
+        for start in starts[1:]:
+            if start - cuts[-1] >= share and len(xs) - start >= share:
+                cuts.append(int(start))
+        bounds = np.array([*cuts, len(xs)])
+    else:
+        bounds = np.linspace(0, len(xs), n_blocks + 1).round().astype(int)
+    pairs = list(zip(bounds, bounds[1:], strict=False))
+    pos = [_median(np.sort(xs[a:b])) for a, b in pairs]
+    floors = [_percentile(np.sort(vs[a:b]), percentile) for a, b in pairs]
+    k = len(pairs)
+    wide = [
+        _percentile(np.sort(vs[bounds[max(i - 1, 0)] : bounds[min(i + 2, k)]]), percentile)
+        for i in range(k)
     ]
     return np.array(pos), np.array(floors), np.array(wide)
 

@@ -25,7 +25,9 @@ the ceiling. So, per series (host and GPU separately):
    (seconds, or steps when markers exist) and take each block's `floor_percentile`:
    its floor. Where fewer than `min_blocks` blocks have `min_block_samples` samples
    (the sampler stalled on a loaded machine), cut finer, one block more at a time
-   while the samples allow, until `min_blocks` are usable.
+   while the samples allow, until `min_blocks` are usable; failing that (the samples
+   bunch up: a loaded runner read a stretch of a fast loop late), cut them into
+   blocks of an equal share of the samples instead of an equal width.
    What a verdict needs is counted in steps when there are markers: `min_blocks`
    blocks of `min_block_samples` readings, and the sampler reads every step at its
    marker (runners/watch.py), so a run of `enough_markers()` markers (21 at the
@@ -95,6 +97,7 @@ import numpy as np
 
 from contract.floors import (
     block_floors,
+    count_floors,
     excursions,
     judged_part,
     largest_drop,
@@ -386,7 +389,7 @@ def _too_few(t: np.ndarray, steps: Sequence[tuple[float, int]]) -> str:
     """Why a run has no judged part: too few samples, or none after the first marker."""
     if not steps or not len(t):
         return f"too few samples to judge: {len(t)}"
-    _, inside, first = step_index(t, steps)
+    _, inside, first, _ = step_index(t, steps)
     return (
         f"too few samples to judge: {int(inside.sum())} of {len(t)} from the first step "
         f"marker ({_fmt(first)} s) on; what comes before it is set-up"
@@ -441,7 +444,15 @@ def classify_series(
                 rise_mib=rise[0],
             )
         return verdict
-    return _classify_blocks(x, v, window, unit, n, peak, settings)
+    judged = _classify_blocks(x, v, window, unit, n, peak, settings)
+    if steps and part.per == "s" and judged.slope is None:
+        # Too short by seconds too: keep the floors per step, so runs of a candidate too
+        # short to judge alone pool by steps (engine/pooled.py), as their markers count.
+        stepped = judged_part(tt, vv, steps, settings, ended=ended, any_steps=True)
+        if stepped is not None and stepped.per == "step":
+            return _classify_blocks(stepped.x, stepped.v, stepped.window, "MiB/step",
+                                    len(stepped.v), peak, settings)  # fmt: skip
+    return judged
 
 
 def _classify_blocks(
@@ -481,6 +492,12 @@ def _classify_blocks(
     while len(floors) < s.min_blocks and finer < max_possible:
         finer += 1
         cut = _floors(x, v, finer, s, keep)
+        if len(cut[1]) >= s.min_blocks:
+            fx, floors, wide = cut
+    if len(floors) < s.min_blocks:
+        # The samples bunch up (a loaded runner read a stretch of a fast loop late, or the
+        # sampler stalled for long): blocks of an equal share of them instead, whole steps.
+        cut = count_floors(x, v, n_blocks, s.floor_percentile, keep, whole=per == "step")
         if len(cut[1]) >= s.min_blocks:
             fx, floors, wide = cut
     if len(floors) < s.min_blocks:

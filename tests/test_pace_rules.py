@@ -156,10 +156,11 @@ def _run(verdict: Verdict, analysis: dict) -> PooledRun:
 
 
 def _short_runs(n: int, leak: float, cache: float = 0.0) -> list[PooledRun]:
-    """`n` runs of a 12-step loop: each too short to judge alone."""
+    """`n` runs of a 12-step loop read at its markers and 50 times a second: about 12
+    readings over 9 judged steps, each run too short to judge alone."""
     runs = []
     for seed in range(n):
-        t, v, marks = unpaced(steps=12, leak_mib=leak, cache_mib=cache, seed=seed)
+        t, v, marks = unpaced(steps=12, leak_mib=leak, cache_mib=cache, seed=seed, clock_hz=50)
         a = classify_run(t, v, None, marks, exit_code=0, oom_killed=False, timed_out=False)
         assert a.verdict is Verdict.INCONCLUSIVE
         assert "to judge alone: " in a.reason
@@ -186,7 +187,7 @@ def test_short_runs_without_markers_are_not_pooled() -> None:
     window would clear anything, so such runs keep their vote (inconclusive)."""
     runs = []
     for seed in range(3):
-        t, v, _ = unpaced(steps=12, leak_mib=2.0, seed=seed, setup_s=0.05, clock_hz=100.0)
+        t, v, _ = unpaced(steps=12, leak_mib=2.0, seed=seed, setup_s=0.05, clock_hz=50.0)
         a = classify_run(t, v, None, (), exit_code=0, oom_killed=False, timed_out=False)
         assert a.verdict is Verdict.INCONCLUSIVE
         assert "to judge alone: " in a.reason, a.reason
@@ -200,3 +201,23 @@ def test_a_cache_filling_in_each_short_run_is_not_a_leak() -> None:
     """Each run fills a 40 MiB cache over its first five steps, then stays flat."""
     pooled = classify_runs(_short_runs(3, leak=0.0, cache=40.0))
     assert pooled.verdict is not Verdict.LEAK, pooled.reason
+
+
+def test_readings_that_bunch_up_are_blocked_in_equal_shares_of_whole_steps() -> None:
+    """A loaded runner read a fast loop's steps 3 to 10 three times each, then fell behind
+    and read only every third step (a burst's last): no cut into equal widths of steps has
+    six blocks of three readings, so the blocks take an equal share of the readings each,
+    never splitting a step between two."""
+    rng = np.random.default_rng(5)
+    read = [(k, r) for k in range(1, 11) for r in range(3)] + [(k, 0) for k in range(11, 51, 3)]
+    marks = [(0.5 + 0.006 * k, k) for k in range(1, 51)]
+    t = [0.5 + 0.006 * k + 0.001 * (r + 1) for k, r in read]
+    v = [(120 + 1.0 * k + rng.normal(0, 0.3)) * MIB for k, _ in read]
+    a = classify_series(t, v, marks, ended=True)
+    assert a.verdict is Verdict.LEAK, a.reason
+    assert len(set(a.floor_x)) == len(a.floor_x) >= 6  # no step's readings in two blocks
+    # Cut into equal widths alone, it was too few (the run's verdict before this rule).
+    x = np.array([float(k) for k, _ in read if k >= 3])
+    y = np.array([v[i] / MIB for i, (k, _) in enumerate(read) if k >= 3])
+    for n_blocks in range(6, 13):
+        assert len(block_floors(x, y, n_blocks, 3, 10.0)[1]) < 6

@@ -111,11 +111,15 @@ def test_an_unpaced_shape_is_judged_as_its_paced_self(
     unpaced: dict[str, ShapeRun], name: str
 ) -> None:
     """Before the reading at every marker, 5 of these 11 were 'too few samples' (every leak
-    among them), idle and under a CPU hog; now each is judged, and rightly."""
+    among them), idle and under a CPU hog; now each leak is found, and a bounded shape is
+    never a leak. A bounded shape whose steps between its heavy ones take microseconds may
+    be too short to judge alone: those markers reach the runner together, only the last of
+    them is read (a reading labelled with the others would measure a later step), and a
+    bisection then runs it again and pools its runs (tests/test_unpaced_e2e.py)."""
     r = unpaced[name]
     assert (r.exit_code, r.steps) == (0, 40), r
     if SHAPES[name].truth == "leak":
         assert r.verdict == "leak", r.reason
     else:
-        assert r.verdict in ("clean", "plateau"), r.reason
-    assert r.samples >= 40, r  # a reading at every marker at least
+        alone = r.verdict == "inconclusive" and "to judge alone: " in r.reason
+        assert r.verdict in ("clean", "plateau") or alone, r.reason
