@@ -70,6 +70,28 @@ class Neighbour:
         return total
 
 
+def machine_busy_s() -> float:
+    """CPU seconds the whole machine has been busy (every core, /proc/stat): what else
+    loads it while a neighbour runs, such as the other workers of a test run."""
+    with open("/proc/stat") as f:
+        fields = f.readline().split()[1:]
+    ticks = [int(x) for x in fields]
+    idle = ticks[3] + (ticks[4] if len(ticks) > 4 else 0)  # idle and iowait
+    return (sum(ticks[:8]) - idle) / os.sysconf("SC_CLK_TCK")
+
+
+def load_was_real(hog: Neighbour, wall_s: float, busy_s: float) -> str | None:
+    """None when a CPU hog loaded the machine over `wall_s` seconds, in which the machine
+    was busy `busy_s` CPU seconds: the hog had half a core, or the machine was 90 % busy
+    on every core and the hog still had a quarter (other processes, such as a test run's
+    other workers, took the rest of it). Else why not, in words."""
+    used, cores = hog.cpu_s(), os.cpu_count() or 1
+    if used > 0.5 * wall_s or (busy_s > 0.9 * cores * wall_s and used > 0.25 * wall_s):
+        return None
+    return (f"the CPU hog used {used:.1f} CPU s in {wall_s:.1f} s, the machine "
+            f"{busy_s:.1f} of {cores * wall_s:.1f}")  # fmt: skip
+
+
 def _start(code: str, *args: str) -> subprocess.Popen[str]:
     return subprocess.Popen(
         [sys.executable, "-c", code, str(os.getpid()), *args],

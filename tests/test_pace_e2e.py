@@ -26,6 +26,7 @@ from pathlib import Path
 
 import pytest
 
+from bench.hogs import load_was_real, machine_busy_s
 from service.example.fixture import SPIKE_WORKLOAD, build_fixture
 from service.example.index import serve_index
 from service.example.paced import WORK_MIB_FOR, ReproSpec, write_repro
@@ -45,13 +46,13 @@ def bisect(index: str, script: Path, home: Path, uv_cache: Path, condition: str)
     visit exactly what the paced repro visits; a failure lists every run and its reason."""
     db = home / "results.db"
     with neighbour(condition) as hog:
-        started = time.monotonic()
+        started, busy = time.monotonic(), machine_busy_s()
         proc = cli(run_args("1.0.0..1.0.9", index, db, "--no-attribute", script=script), home,
                    uv_cache, timeout=800)  # fmt: skip
-        if condition == "cpu hog":  # the load was real: half a core's worth at least
+        if condition == "cpu hog":  # the load was real (bench/hogs.py says when)
             assert hog is not None
-            used, spent = hog.cpu_s(), time.monotonic() - started
-            assert used > 0.5 * spent, f"the CPU hog used {used:.1f} CPU s in {spent:.1f} s"
+            why = load_was_real(hog, time.monotonic() - started, machine_busy_s() - busy)
+            assert why is None, why
     assert proc.stdout, proc.stderr
     report = json.loads(proc.stdout)
     con = sqlite3.connect(db)
