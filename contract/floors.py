@@ -21,8 +21,12 @@ The judged part (`judged_part`), in this order:
    the number of judged steps.
 3. By seconds, otherwise, unless `steps_only` (then None: the early-stop rule never judges
    a run of a job whose runs print markers by seconds). x is the time, over the samples
-   rule 1 kept when the run has markers (from the first marker on), else over all of them,
-   with the first warmup_fraction of their span dropped; `full_span` makes that at least
+   rule 1 kept when the run has markers (from the first marker on), else over all of them
+   but, of a run that ended by itself, its exit: the readings at its end that each fell
+   below the one before, within a second of the last (the interpreter freeing what the
+   run held: three readings of 158, 98, 69 and 14 MiB after a plateau of 158 were a last
+   block's floor, and its plateau read as an excursion that came back down), with the
+   first warmup_fraction of their span dropped; `full_span` makes that at least
    warmup_fraction x full_span (the early-stop rule passes its horizon: what the classifier
    would drop from a whole run, not a fraction of the part seen so far). Fewer than two
    samples left: None.
@@ -32,14 +36,15 @@ the level the series holds (two readings in a row) both before it and after it, 
 for within a third of the judged span (two of the widest blocks): a checkpoint spike, a
 buffer touched page by page, a GC sawtooth's ramp, however long it lasts and however the
 machine's load stretches it. What a leak adds never comes back down, so a leak is never an
-excursion; a cache that fills and stays is not one either. A series with only one side (its
-first and last samples) is judged against that side; a single low reading (the first
-reading of a teardown, a glitch) is no level. T here is the classifier's, from a provisional
-baseline (the floor of the first sixth of the span). Excursion samples are left out of
-every floor below, so a block's floor is never the inside of one long spike (the floors of
-11 blocks read 108, 122, 137, 168, 211, 317, 339, 339, 221, 154, 171 MiB when a 200 MB
-buffer was touched for over a second on a loaded machine: three floors were the spike), and
-a block that lay wholly inside one has no floor (dropped like a block a stall left empty).
+excursion; a cache that fills and stays is not one either. A sample with no level held on
+one side (near the series' first or last sample) is never in an excursion: a rise at the end
+is what a leak looks like; a single low reading (a glitch) is no level. T here is the
+classifier's, from a provisional baseline (the floor of the first sixth of the span).
+Excursion samples are left out of every floor below, so a block's floor is never the inside
+of one long spike (the floors of 11 blocks read 108, 122, 137, 168, 211, 317, 339, 339, 221,
+154, 171 MiB when a 200 MB buffer was touched for over a second on a loaded machine: three
+floors were the spike), and a block that lay wholly inside one has no floor (dropped like a
+block a stall left empty).
 
 Block floors (`block_floors`): the judged samples are cut into equal-width blocks over x
 (seconds or steps); a block with fewer than `min_block_samples` samples (excursions left
@@ -150,6 +155,8 @@ def judged_part(
             if judged.any() and (n_judged >= s.min_blocks or any_steps):
                 return Judged(step[judged].astype(float), v[judged], float(n_judged), "step")
         tt, vv = t[inside], v[inside]
+    elif ended:
+        tt, vv = _before_exit(t, v)
     if steps_only or len(tt) < 2:
         return None
     span = max(float(tt[-1] - tt[0]), full_span)
@@ -158,6 +165,19 @@ def judged_part(
     if len(x) < 2:
         return None
     return Judged(x, vv[judged], float(x[-1] - x[0]), "s")
+
+
+# The longest an interpreter's exit is taken to free memory for (rule 3), in seconds.
+EXIT_S = 1.0
+
+
+def _before_exit(t: np.ndarray, v: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """A run without markers that ended by itself, less its exit (rule 3): the readings at
+    its end that each fell below the one before, within `EXIT_S` of its last reading."""
+    i = len(v) - 1
+    while i > 0 and v[i] < v[i - 1] and t[i - 1] >= t[-1] - EXIT_S:
+        i -= 1
+    return t[: i + 1], v[: i + 1]
 
 
 def _percentile(ordered: np.ndarray, q: float) -> float:

@@ -12,6 +12,9 @@ traces read as a trial reads them (a reading at every step marker, the clock bet
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import numpy as np
 import pytest
 
@@ -21,6 +24,7 @@ from engine.pooled import PooledRun, classify_runs
 from engine.verdicts import Verdict
 
 MIB = 1024 * 1024
+TRACES = Path(__file__).with_name("traces")
 S = ClassifierSettings()
 
 
@@ -149,6 +153,50 @@ def test_the_spike_workload_under_load(leak: bool, expected: Verdict, spike_s: f
     t, v = spike_workload(leak=leak, spike_s=spike_s)
     a = classify_series(t, v, ended=True)
     assert a.verdict is expected, a.reason
+
+
+def test_the_exit_of_a_run_without_markers_is_not_judged() -> None:
+    """A real run of the spike workload under a CPU hog (tests/traces says which): its last
+    readings, 158 MiB then 98, 69 and 14 as the interpreter freed what it held, were its
+    last block's floor, and made the plateau before them look like an excursion. Left out,
+    the run is the leak it is, and its floors never fall."""
+    trace = json.loads((TRACES / "spike_exit_under_load.json").read_text())
+    t, v = trace["t"], trace["rss"]
+    assert [int(x // MIB) for x in v[-4:]] == [158, 98, 69, 14]
+    a = classify_run(t, v, None, exit_code=0, oom_killed=False, timed_out=False)
+    assert a.verdict is Verdict.LEAK, a.reason
+    floors = list(a.host.floors_mib)
+    assert floors == sorted(floors), floors
+    # Killed (a timeout, the memory cap), the same readings are no exit: all are judged.
+    killed = judged_part(np.array(t), np.array(v) / MIB, (), S, ended=False)
+    assert killed is not None and killed.v[-1] == v[-1] / MIB
+
+
+@pytest.mark.parametrize(
+    ("tail", "kept"),
+    [
+        ([100, 100, 60, 20], [100, 100]),  # the exit: each reading below the one before
+        ([100, 100, 60, 60], [100, 100, 60, 60]),  # a level held is no exit
+        ([100, 100, 101], [100, 100, 101]),  # still rising at the end
+    ],
+)
+def test_the_exit_is_the_falling_end_only(tail: list[float], kept: list[float]) -> None:
+    t = np.arange(40 + len(tail)) * 0.05
+    v = np.array([100.0] * 40 + tail)
+    part = judged_part(t, v, (), S, ended=True)
+    assert part is not None
+    assert list(part.v[-len(kept) :]) == kept
+    assert part.x[-1] == t[40 + len(kept) - 1]  # nothing after the last reading kept
+
+
+def test_a_slow_fall_at_the_end_loses_its_last_second_only() -> None:
+    """A fall that lasts longer than an exit (a cache trimmed over 3 s) is judged but for
+    the readings of its last second."""
+    t = np.arange(200) * 0.05  # 10 s at 20 Hz
+    v = np.where(t < 7.0, 100.0, 100.0 - (t - 7.0) * 10)
+    part = judged_part(t, v, (), S, ended=True)
+    assert part is not None
+    assert part.x[-1] == pytest.approx(t[-1] - 1.0, abs=0.06)
 
 
 def _run(verdict: Verdict, analysis: dict) -> PooledRun:
