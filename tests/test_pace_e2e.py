@@ -75,14 +75,19 @@ def steps_counted(found: Bisection) -> set[int | None]:
     return {r["analysis"]["step_count"] for e in found.report["evidence"] for r in e["runs"]}
 
 
+def assert_unpaced_bisected_exactly(index: str, uv_cache: Path, home: Path, condition: str
+                                    ) -> None:  # fmt: skip
+    """The unpaced repro of about 0.3 s, bisected under `condition`: the paced answer."""
+    script = write_repro(home / "repro.py", UNPACED)
+    found = bisect(index, script, home, uv_cache, condition)
+    assert_answer(found, EXPECTED["leakyfixture"])
+    assert steps_counted(found) == {50}  # every run went its 50 steps, each marked
+
+
 def test_an_unpaced_50_step_repro_is_bisected_exactly_under_a_cpu_hog(
     fixture_index: str, uv_cache: Path, reachable_dir
 ) -> None:
-    home = reachable_dir("unpaced")
-    script = write_repro(home / "repro.py", UNPACED)
-    found = bisect(fixture_index, script, home, uv_cache, "cpu hog")
-    assert_answer(found, EXPECTED["leakyfixture"])
-    assert steps_counted(found) == {50}  # every run went its 50 steps, each marked
+    assert_unpaced_bisected_exactly(fixture_index, uv_cache, reachable_dir("unpaced"), "cpu hog")
 
 
 @pytest.fixture(scope="module")
