@@ -1014,6 +1014,35 @@ def test_no_transition_names_the_releases_it_could_not_judge():
     )
 
 
+def map_in_random_order(
+    truth: list[Truth], slots: int, rng: random.Random
+) -> tuple[Outcome, list[list[Verdict]]]:
+    """An --all-transitions search whose evaluations finish one at a time in random order:
+    its outcome and every candidate's evaluations."""
+    done: list[list[Verdict]] = [[] for _ in truth]
+    running: set[int] = set()
+    for _ in range(1000):
+        step = plan(states(done, frozenset(), frozenset(running)), slots, all_transitions=True)
+        assert not running & set(step.run)
+        if step.outcome is not None:
+            return step.outcome, done
+        running |= set(step.run)
+        assert running, "planner waits although nothing is running"
+        finished = rng.choice(sorted(running))
+        running.discard(finished)
+        done[finished].append(evaluate(truth[finished], len(done[finished])))
+    raise AssertionError("search did not end")
+
+
+def true_transitions(truth: list[Truth]) -> tuple[Transition, ...]:
+    """Every transition of `truth`, confirmed."""
+    return tuple(
+        Transition(i, i + 1, truth[i + 1] == LEAK, True)
+        for i in range(len(truth) - 1)
+        if truth[i] != truth[i + 1]
+    )
+
+
 @pytest.mark.parametrize("seed", range(40))
 def test_all_transitions_maps_ranges_whose_bounds_agree(seed):
     """Random on/off ranges with any bounds but inverted ones, evaluations finishing one at
@@ -1024,26 +1053,8 @@ def test_all_transitions_maps_ranges_whose_bounds_agree(seed):
     ends = rng.choice([(CLEAN, CLEAN), (LEAK, LEAK), (CLEAN, LEAK)])
     truth = [ends[0]] + [rng.choice([CLEAN, LEAK]) for _ in range(n - 2)] + [ends[1]]
     slots = rng.choice([1, 2, 3, 5])
-    done: list[list[Verdict]] = [[] for _ in range(n)]
-    running: set[int] = set()
-    for _ in range(1000):
-        step = plan(states(done, frozenset(), frozenset(running)), slots, all_transitions=True)
-        assert not running & set(step.run)
-        if step.outcome is not None:
-            break
-        running |= set(step.run)
-        assert running, "planner waits although nothing is running"
-        finished = rng.choice(sorted(running))
-        running.discard(finished)
-        done[finished].append(evaluate(truth[finished], len(done[finished])))
-    else:
-        raise AssertionError("search did not end")
-    expected = tuple(
-        Transition(i, i + 1, truth[i + 1] == LEAK, True)
-        for i in range(n - 1)
-        if truth[i] != truth[i + 1]
-    )
-    outcome = step.outcome
+    outcome, done = map_in_random_order(truth, slots, rng)
+    expected = true_transitions(truth)
     assert outcome.transitions == expected
     members = {i for t in expected for i in (t.below, t.above)}
     assert [len(d) for d in done] == [2 if i in members else 1 for i in range(n)]
@@ -1192,26 +1203,9 @@ def test_asynchronous_completion_of_all_transitions(seed):
     n = rng.randint(2, 30)
     truth: list[Truth] = [CLEAN] + [rng.choice([CLEAN, LEAK]) for _ in range(n - 2)] + [LEAK]
     slots = rng.choice([1, 2, 3, 5])
-    done: list[list[Verdict]] = [[] for _ in range(n)]
-    running: set[int] = set()
-    for _ in range(1000):
-        step = plan(states(done, frozenset(), frozenset(running)), slots, all_transitions=True)
-        assert not running & set(step.run)
-        if step.outcome is not None:
-            break
-        running |= set(step.run)
-        assert running, "planner waits although nothing is running"
-        finished = rng.choice(sorted(running))
-        running.discard(finished)
-        done[finished].append(evaluate(truth[finished], len(done[finished])))
-    else:
-        raise AssertionError("search did not end")
-    expected = tuple(
-        Transition(i, i + 1, truth[i + 1] == LEAK, True)
-        for i in range(n - 1)
-        if truth[i] != truth[i + 1]
-    )
-    assert step.outcome.transitions == expected
+    outcome, done = map_in_random_order(truth, slots, rng)
+    expected = true_transitions(truth)
+    assert outcome.transitions == expected
     members = {i for t in expected for i in (t.below, t.above)}
     assert [len(d) for d in done] == [2 if i in members else 1 for i in range(n)]
 
