@@ -36,9 +36,12 @@ the level the series holds (two readings in a row) both before it and after it, 
 for within a third of the judged span (two of the widest blocks): a checkpoint spike, a
 buffer touched page by page, a GC sawtooth's ramp, however long it lasts and however the
 machine's load stretches it. What a leak adds never comes back down, so a leak is never an
-excursion; a cache that fills and stays is not one either. A sample with no level held on
-one side (near the series' first or last sample) is never in an excursion: a rise at the end
-is what a leak looks like; a single low reading (a glitch) is no level. T here is the
+excursion; a cache that fills and stays is not one either. At the series' end a sample with
+no level held after it is never in an excursion: a rise at the end is what a leak looks
+like. At its start the level before lies before the judged part, so the opening stretch
+whose levels held each stand T above a level held after them is one (a 32 MiB spike the
+warm-up cut into read as three floors of 48 MiB over a leak's 19 to 33, and the leak as a
+fall). A single low reading (a glitch) is no level. T here is the
 classifier's, from a provisional baseline (the floor of the first sixth of the span).
 Excursion samples are left out of every floor below, so a block's floor is never the inside
 of one long spike (the floors of 11 blocks read 108, 122, 137, 168, 211, 317, 339, 339, 221,
@@ -239,7 +242,14 @@ def excursions(x: np.ndarray, v: np.ndarray, s: Threshold) -> np.ndarray:
     after = _window_min(x, held, span)
     # Before: the same pass over the reversed series (levels held up to and with i - 1).
     before = _window_min(-x[::-1], held[::-1], span)[::-1]
-    return np.isfinite(before) & np.isfinite(after) & (v - np.maximum(before, after) >= height)
+    above_after = np.isfinite(after) & (v - after >= height)
+    # The series' opening stretch, where every level held stands T above a level held
+    # after it: its level before lies before the judged part (a spike the warm-up cut
+    # into; a single low reading at its start is no level).
+    reach = np.isfinite(after)
+    held_over = np.where(reach, held - np.where(reach, after, 0.0), -np.inf)
+    opening = np.logical_and.accumulate(held_over >= height)
+    return opening | (above_after & np.isfinite(before) & (v - before >= height))
 
 
 def block_floors(

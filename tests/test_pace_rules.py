@@ -172,6 +172,27 @@ def test_the_exit_of_a_run_without_markers_is_not_judged() -> None:
     assert killed is not None and killed.v[-1] == v[-1] / MIB
 
 
+def test_a_spike_the_warm_up_cut_into_is_an_excursion() -> None:
+    """A real 1 s-a-step run without markers (tests/traces says which): the judged part
+    opens inside a 32 MiB spike, with no level before it. Its opening stretch is an
+    excursion, so the leak's floors (19 to 33 MiB) are what is judged."""
+    trace = json.loads((TRACES / "spike_cut_by_warmup.json").read_text())
+    t, v = trace["t"], trace["rss"]
+    a = classify_run(t, v, None, exit_code=0, oom_killed=False, timed_out=False)
+    assert a.verdict is Verdict.LEAK, a.reason
+    floors = list(a.host.floors_mib)
+    assert floors == sorted(floors) and floors[0] < 25, floors
+
+
+def test_an_opening_spike_is_left_out_but_a_leak_from_the_start_is_not() -> None:
+    x = np.arange(60, dtype=float)
+    spike_then_flat = np.where(x < 8, 50.0, 20.0)
+    assert excursions(x, spike_then_flat, S)[:8].all()
+    assert not excursions(x, spike_then_flat, S)[8:].any()
+    rising = 20.0 + x
+    assert not excursions(x, rising, S).any()
+
+
 @pytest.mark.parametrize(
     ("tail", "kept"),
     [

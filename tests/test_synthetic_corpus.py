@@ -76,7 +76,7 @@ VERDICTS = {
     "import_ramp": ({"clean": 20}, {"clean": 20}),
     "late_threads": ({"inconclusive": 1, "plateau": 19}, {"inconclusive": 4, "plateau": 16}),
     "jit_warmup": ({"clean": 20}, {"clean": 7, "inconclusive": 1, "plateau": 12}),
-    "gc_settles": ({"clean": 20}, {"clean": 11, "inconclusive": 9}),
+    "gc_settles": ({"clean": 20}, {"clean": 10, "inconclusive": 10}),
     "malloc_arenas": ({"clean": 19, "inconclusive": 1}, {"clean": 5, "plateau": 15}),
     "mmap_pages": ({"clean": 15, "inconclusive": 2, "plateau": 3}, {"plateau": 20}),
     "mmap_reclaim": ({"clean": 20}, {"clean": 7, "plateau": 11, "inconclusive": 2}),
