@@ -42,8 +42,13 @@ Rules, in the order `plan` applies them:
    the message points at `all_transitions` when the bounds may agree); an
    untestable, skipped or erroring bound ends it with `error` (a skip says
    which reason it was, given by the caller: `ReleaseState.why`, e.g. the script
-   exited 125, uv found no resolution, the repro cannot run on it); an
-   inconclusive, flaky or unconfirmed bound with `inconclusive`. Results
+   exited 125, uv found no resolution, the repro cannot run on it); a flaky or
+   unconfirmed bound with `inconclusive`, and so does an inconclusive one, but only
+   after `MAX_EVALUATIONS` evaluations: until then it is evaluated again like an
+   unknown bound, and the scheduler judges each new evaluation with the runs of the
+   earlier ones (a bound is what the whole search stands on: the unpaced 2 s runs of a
+   repro without markers were inconclusive three at a time and clean when six were
+   pooled). Results
    of interior candidates evaluated speculatively are ignored then. With
    `all_transitions`, bounds that agree (both OLD, or both NEW: a leak that
    starts and stops inside the range, or a clean band inside a leaking one) are
@@ -245,6 +250,11 @@ def _state(candidate: ReleaseState, find_fix: bool) -> _State:
     if sides == {"leak"}:
         return _State(_Kind.NEW if not find_fix else _Kind.OLD, label)
     return _State(_Kind.OLD if not find_fix else _Kind.NEW, label)
+
+
+def _again(candidate: ReleaseState, state: _State) -> bool:
+    """A bound that no evaluation could decide (rule 1) and that may be evaluated again."""
+    return state.label == "inconclusive" and len(candidate.verdicts) < MAX_EVALUATIONS
 
 
 def _outcome(status: Status, message: str) -> Plan:
@@ -566,6 +576,9 @@ def plan(
         return _outcome("error", f"need at least two candidates (a good and a bad bound), got {n}")
     last = n - 1
     states = [_state(c, find_fix) for c in candidates]
+    for bound in (0, last):  # rule 1: an inconclusive bound is evaluated again
+        if _again(candidates[bound], states[bound]):
+            states[bound] = _State(_Kind.UNKNOWN, states[bound].label)
     if (problem := _bound_problem(candidates, states, find_fix, all_transitions)) is not None:
         return problem
 

@@ -343,8 +343,9 @@ def test_erroring_good_bound_is_an_error():
 
 
 def test_inconclusive_bound():
+    # Evaluated again until MAX_EVALUATIONS, each time with the earlier runs pooled.
     search = simulate(regression(10, 6, at0=INCONCLUSIVE), 1)
-    assert search.visited == [0]
+    assert search.visited == [0] * MAX_EVALUATIONS
     assert search.outcome == Outcome(
         "inconclusive",
         None,
@@ -352,6 +353,26 @@ def test_inconclusive_bound():
         (),
         "good bound 1.0.0 is inconclusive: the classifier could not tell whether it leaks",
     )
+
+
+@pytest.mark.parametrize("bound", [0, 9])
+def test_a_bound_decided_on_a_later_evaluation_anchors_the_search(bound):
+    # Inconclusive once, then clean (good bound) or leak (bad bound): the search goes on
+    # from there as if the first evaluation had decided.
+    decided = CLEAN if bound == 0 else LEAK
+    search = simulate(regression(10, 6, **{f"at{bound}": [INCONCLUSIVE, decided]}), 1)
+    assert search.visited[:3] == ([0, 0, 9] if bound == 0 else [0, 9, 9])
+    assert (search.outcome.status, search.outcome.last_old, search.outcome.first_new) == (
+        "found", 5, 6
+    )
+
+
+def test_a_bad_bound_that_is_clean_ends_the_search_while_the_good_one_is_undecided():
+    # Two slots: the good bound inconclusive, the bad one clean: nothing to bisect,
+    # whatever the good bound's next evaluation says.
+    search = simulate(regression(10, 10, at0=INCONCLUSIVE), 2)
+    assert search.visited == [0, 9]
+    assert search.outcome.status == "bounds_failed"
 
 
 def test_failed_bound_ignores_speculative_results():
