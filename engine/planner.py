@@ -33,8 +33,15 @@ A candidate's state, from its evaluations (one verdict each, its runs pooled):
   unjudgeable. Its re-runs (rule 4) decided nothing, pooled or alone, so it cannot be
   blamed either way; the bound keeps a candidate that stays inconclusive from being
   re-run for ever.
-- No decisive evaluation: unjudgeable, labelled as `engine.analysis.aggregate` sums
-  its evaluations up (inconclusive before skip before error).
+- Every evaluation inconclusive, fewer than `MAX_EVALUATIONS` of them: *undecided*,
+  and unknown for every rule below, so it is evaluated again wherever an untested
+  candidate would be (a bound always; inside the interval, where it can move the
+  answer), and the scheduler judges the new evaluation with the runs of the earlier
+  ones. Its runs could not tell, so it cannot be stepped around yet: the unpaced runs
+  of a repro without markers under a CPU hog were inconclusive three at a time, a clean
+  bound among them, and clean when six were pooled.
+- No decisive evaluation otherwise: unjudgeable, labelled as `engine.analysis.aggregate`
+  sums its evaluations up (inconclusive before skip before error).
 
 Rules, in the order `plan` applies them:
 
@@ -43,12 +50,9 @@ Rules, in the order `plan` applies them:
    untestable, skipped or erroring bound ends it with `error` (a skip says
    which reason it was, given by the caller: `ReleaseState.why`, e.g. the script
    exited 125, uv found no resolution, the repro cannot run on it); a flaky or
-   unconfirmed bound with `inconclusive`, and so does an inconclusive one, but only
-   after `MAX_EVALUATIONS` evaluations: until then it is evaluated again like an
-   unknown bound, and the scheduler judges each new evaluation with the runs of the
-   earlier ones (a bound is what the whole search stands on: the unpaced 2 s runs of a
-   repro without markers were inconclusive three at a time and clean when six were
-   pooled). Results
+   unconfirmed bound with `inconclusive`, and so does an inconclusive one once it is
+   no longer undecided (after `MAX_EVALUATIONS` evaluations; until then it is unknown
+   and evaluated again). Results
    of interior candidates evaluated speculatively are ignored then. With
    `all_transitions`, bounds that agree (both OLD, or both NEW: a leak that
    starts and stops inside the range, or a clean band inside a leaking one) are
@@ -119,7 +123,8 @@ Rules, in the order `plan` applies them:
 Cost with `all_transitions`: every testable candidate once (n evaluations, the
 bounds included), whatever the bounds' states, plus one re-run of each side of each
 transition (2t when every re-run decides; fewer when two transitions share a
-candidate), and one more for a side whose re-run decided nothing. Hard bound:
+candidate), one more for a side whose re-run decided nothing, and up to two more for
+a candidate none of whose evaluations decided (undecided, evaluated again). Hard bound:
 no candidate is evaluated more than `MAX_EVALUATIONS` times (rule 4; flaky and
 unconfirmed ones are never re-run), so at most 3n evaluations, each of the job's
 `repeats` runs extended to at most `max_runs` while inconclusive: 3n x max_runs
@@ -236,6 +241,8 @@ def _state(candidate: ReleaseState, find_fix: bool) -> _State:
         return _State(_Kind.UNJUDGEABLE, "untestable")
     if not candidate.verdicts:
         return _State(_Kind.UNKNOWN, "unknown")
+    if _undecided(candidate):
+        return _State(_Kind.UNKNOWN, "inconclusive")
     sides = {_verdict_class(v) for v in candidate.verdicts if v.decisive}
     label = ", ".join(dict.fromkeys(v.value for v in candidate.verdicts))
     if len(sides) > 1:
@@ -252,9 +259,15 @@ def _state(candidate: ReleaseState, find_fix: bool) -> _State:
     return _State(_Kind.OLD if not find_fix else _Kind.NEW, label)
 
 
-def _again(candidate: ReleaseState, state: _State) -> bool:
-    """A bound that no evaluation could decide (rule 1) and that may be evaluated again."""
-    return state.label == "inconclusive" and len(candidate.verdicts) < MAX_EVALUATIONS
+def _undecided(candidate: ReleaseState) -> bool:
+    """Evaluated, every evaluation inconclusive, and fewer than `MAX_EVALUATIONS` of them:
+    it counts as unknown (the module docstring's list) and is evaluated again."""
+    return (
+        bool(candidate.verdicts)
+        and _decisive(candidate) == 0
+        and aggregate(candidate.verdicts) is Verdict.INCONCLUSIVE
+        and len(candidate.verdicts) < MAX_EVALUATIONS
+    )
 
 
 def _outcome(status: Status, message: str) -> Plan:
@@ -368,13 +381,13 @@ def _split(unknowns: Sequence[int], running: set[int]) -> list[list[int]]:
 def _gaps(
     candidates: Sequence[ReleaseState], running: set[int], lo: int, hi: int
 ) -> list[list[int]]:
-    """The stretches of untested testable candidates in lo..hi, cut by evaluated and
-    running ones; untestable candidates are stepped over (never tested, never a cut)."""
+    """The stretches of untested (or undecided) testable candidates in lo..hi, cut by
+    evaluated and running ones; untestable candidates are stepped over (never a cut)."""
     segments: list[list[int]] = [[]]
     for index in range(lo, hi + 1):
         if not candidates[index].testable:
             continue
-        if candidates[index].verdicts or index in running:
+        if (candidates[index].verdicts and not _undecided(candidates[index])) or index in running:
             segments.append([])
         else:
             segments[-1].append(index)
@@ -576,9 +589,6 @@ def plan(
         return _outcome("error", f"need at least two candidates (a good and a bad bound), got {n}")
     last = n - 1
     states = [_state(c, find_fix) for c in candidates]
-    for bound in (0, last):  # rule 1: an inconclusive bound is evaluated again
-        if _again(candidates[bound], states[bound]):
-            states[bound] = _State(_Kind.UNKNOWN, states[bound].label)
     if (problem := _bound_problem(candidates, states, find_fix, all_transitions)) is not None:
         return problem
 

@@ -237,10 +237,24 @@ def test_several_unjudgeable_candidates_separate_the_pair():
     )
 
 
-def test_inconclusive_interior_candidate_is_stepped_around():
+def test_inconclusive_interior_candidate_is_evaluated_again_then_stepped_around():
+    # Undecided: evaluated again (its runs pooled by the scheduler) up to MAX_EVALUATIONS,
+    # then stepped around like a skip.
     search = simulate(regression(10, 6, at4=INCONCLUSIVE), 1)
-    assert search.visited == [0, 9, 4, 5, 7, 6, 5, 6]
+    assert search.visited == [0, 9, 4, 4, 4, 5, 7, 6, 5, 6]
     assert search.outcome.status == "found"
+
+
+def test_an_interior_candidate_decided_on_its_second_evaluation_moves_the_answer():
+    search = simulate(regression(10, 6, at5=[INCONCLUSIVE, CLEAN]), 1)
+    assert search.visited == [0, 9, 4, 6, 5, 5, 5, 6, 7]
+    assert (search.outcome.status, search.outcome.last_old, search.outcome.first_new) == (
+        "found", 5, 6
+    )  # fmt: skip
+    # Never decided: after three evaluations the pair is inconclusive around it.
+    search = simulate(regression(10, 6, at5=INCONCLUSIVE), 1)
+    assert search.visited == [0, 9, 4, 6, 5, 5, 5, 4, 6, 7]
+    assert (search.outcome.status, search.outcome.skipped) == ("inconclusive", (5,))
 
 
 def test_untestable_candidates_are_never_visited():
@@ -1023,7 +1037,7 @@ def test_no_transition_names_the_releases_it_could_not_judge():
     truth: list[Truth] = [CLEAN] * 10
     truth[4], truth[6] = SKIP, INCONCLUSIVE
     search = simulate(truth, 1, untestable=(8,), all_transitions=True)
-    assert search.visited == [0, 9, 4, 2, 6, 1, 3, 5, 7]
+    assert search.visited == [0, 9, 4, 2, 6, 6, 6, 1, 3, 5, 7]  # 6: three evaluations
     assert search.outcome == Outcome(
         "bounds_failed",
         None,
