@@ -36,6 +36,9 @@ GROUPS: dict[str, str] = {
     "tests/test_neighbours_e2e.py": "loads the machine",
     "tests/test_pace_e2e.py": "loads the machine",
     "tests/test_bench.py": "loads the machine",
+    # Not loaders, but they judge fast unpaced loops whose readings a loader would thin.
+    "tests/test_unpaced_e2e.py": "loads the machine",
+    "tests/test_shapes.py": "loads the machine",
 }
 
 

@@ -3,7 +3,7 @@ tests/test_pace_e2e.py's, which takes turns with the other modules that load the
 the real `bisect-cli run --no-attribute`, real uv environments, real child processes.
 
 - The unpaced 50-step repro of about 0.3 s: bisected exactly as the paced repro is.
-- A repro of 12 unpaced steps, fewer than the 21 markers that are always enough: every run
+- A repro of 16 unpaced steps, fewer than the 21 markers that are always enough: every run
   is too short to judge alone, so each candidate runs again and its runs are pooled, and
   the report says so; the answer is exact.
 """
@@ -38,7 +38,7 @@ SHORT = """\
 import leakyfixture
 
 STEP_MARKER = "::leakbisect-step::"
-for _ in range(12):  # a short repro: 12 unpaced steps, whatever LEAKBISECT_STEPS asks
+for _ in range(16):  # a short repro: 16 unpaced steps, whatever LEAKBISECT_STEPS asks
     print(STEP_MARKER, flush=True)
     leakyfixture.step()
 """
@@ -46,7 +46,7 @@ for _ in range(12):  # a short repro: 12 unpaced steps, whatever LEAKBISECT_STEP
 
 @pytest.fixture(scope="module")
 def four_mib_index(reachable_dir) -> Iterator[str]:
-    """The fixture with a leak of 4 MiB a step: 9 judged steps then grow past the 8 MiB T."""
+    """The fixture with a leak of 4 MiB a step: a short run's judged steps grow past T (8 MiB)."""
     spec = FixtureSpec(leak_kib_per_step=4096)
     with serve_index(build_fixture(reachable_dir("four-mib-wheels"), spec)) as url:
         yield url
@@ -55,7 +55,7 @@ def four_mib_index(reachable_dir) -> Iterator[str]:
 def test_runs_too_short_to_judge_alone_are_run_again_and_pooled(
     four_mib_index: str, uv_cache: Path, reachable_dir
 ) -> None:
-    """12 markers a run, fewer than the 21 that are always enough: a run is "too few
+    """16 markers a run, fewer than the 21 that are always enough: a run is "too few
     readings to judge alone" unless the machine's load stretched it long enough for the
     clock's readings to fill its blocks. A candidate whose runs were all too short runs
     again (up to --max-runs 3) and its runs are judged together, and the report says so;

@@ -24,6 +24,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 from types import SimpleNamespace
+from typing import Any
 
 from contract.earlystop import EarlyStopper, first_stop, replay
 from contract.wire import EarlyStop
@@ -94,6 +95,8 @@ class ShapeRun:
     peak_mib: float
     # How much memory the set-up took: the most before the first marker over the first sample.
     setup_mib: float
+    # The run's stored analysis (`RunAnalysis.to_dict`), as a trial keeps it for pooling.
+    analysis: dict[str, Any]
 
 
 def settings_after(duration_s: float, steps: int | None) -> EarlyStop:
@@ -146,6 +149,7 @@ def run_shape(
         samples=len(t),
         peak_mib=max(rss, default=0) / MIB,
         setup_mib=_setup_mib(t, rss, ex.steps),
+        analysis=run.to_dict(),
     )
 
 
