@@ -12,7 +12,7 @@ end: the real `bisect-cli run --no-attribute`, real uv environments, real child 
   read as a floor.
 
 Each pins the whole answer: first bad 1.0.6, last good 1.0.5, exit 0, every candidate's
-verdict and the runs that decided, in order (a run that decided nothing is run again).
+verdict and the evaluations that decided, in order (one that decided nothing is run again).
 bench/pace.py measures the same cells several times each (docs/bench-pace.md).
 """
 
@@ -57,22 +57,28 @@ def bisect(index: str, script: Path, home: Path, uv_cache: Path, condition: str)
     report = json.loads(proc.stdout)
     con = sqlite3.connect(db)
     rows = con.execute(
-        "select c.version, t.verdict, t.exit_code, t.analysis from trial t "
+        "select c.version, t.evaluation, t.verdict, t.exit_code, t.analysis from trial t "
         "join candidate c on c.id = t.candidate_id where t.kind = 'run' order by t.id"
     ).fetchall()
     con.close()
-    found = Bisection(report, [(v, verdict) for v, verdict, *_ in rows],
-                      [code for _, _, code, _ in rows], proc.stderr)  # fmt: skip
     why = "\n".join([f"exit {proc.returncode}, {report['status']}: {report.get('message')}"] + [
-        f"{v} {verdict}: {json.loads(a or '{}').get('reason')}" for v, verdict, _, a in rows
+        f"{v} #{e} {verdict}: {json.loads(a or '{}').get('reason')}"
+        for v, e, verdict, _, a in rows
     ])  # fmt: skip
+    # One entry per evaluation, in order: what its runs decided. A run that decided nothing
+    # (on a loaded machine the reader can fall behind a fast loop's markers) is run again,
+    # as the product does, and an evaluation that decided nothing is evaluated again; the
+    # evaluations that decided are the paced repro's, one for one.
+    decided: dict[tuple[str, int], set[str]] = {}
+    exits: dict[tuple[str, int], int] = {}
+    for version, evaluation, verdict, code, _ in rows:
+        decided.setdefault((version, evaluation), set()).add(verdict)
+        exits[(version, evaluation)] = exits.get((version, evaluation)) or code
+    visits = [(v, (said - {"inconclusive"}).pop()) for (v, _), said in decided.items()
+              if said - {"inconclusive"}]  # fmt: skip
+    found = Bisection(report, visits, [exits[k] for k, said in decided.items()
+                                       if said - {"inconclusive"}], proc.stderr)  # fmt: skip
     expected = EXPECTED["leakyfixture"]
-    # A run that decided nothing (on a loaded machine the reader can fall behind a fast
-    # loop's markers) is run again, as the product does; the runs that decided are the
-    # paced repro's, run for run.
-    decided = [i for i, (_, verdict) in enumerate(found.visited) if verdict != "inconclusive"]
-    found = Bisection(report, [found.visited[i] for i in decided],
-                      [found.exits[i] for i in decided], proc.stderr)  # fmt: skip
     assert (proc.returncode, found.visited) == (0, expected.visited), why
     return found
 

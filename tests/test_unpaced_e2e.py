@@ -12,12 +12,15 @@ from __future__ import annotations
 
 import json
 import re
+import resource
 import sqlite3
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+from bench.hogs import machine_busy_s
 from service.example.fixture import FixtureSpec, build_fixture
 from service.example.index import serve_index
 from tests.test_pace_e2e import assert_unpaced_bisected_exactly
@@ -30,6 +33,12 @@ def test_an_unpaced_50_step_repro_is_bisected_exactly(
     fixture_index: str, uv_cache: Path, reachable_dir
 ) -> None:
     assert_unpaced_bisected_exactly(fixture_index, uv_cache, reachable_dir("unpaced"), "idle")
+
+
+def _children_cpu_s() -> float:
+    """CPU seconds of this process's reaped descendants (the CLI and its trials)."""
+    use = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return use.ru_utime + use.ru_stime
 
 
 TOO_FEW = "too few readings to judge alone: "  # a run's reason
@@ -59,15 +68,27 @@ def test_runs_too_short_to_judge_alone_are_run_again_and_pooled(
     readings to judge alone" unless the machine's load stretched it long enough for the
     clock's readings to fill its blocks. A candidate whose runs were all too short runs
     again (up to --max-runs 3) and its runs are judged together, and the report says so;
-    the answer is exact."""
+    the answer is exact, unless other processes held half a core or more and even the
+    pooled runs could not tell: then it says so, and no verdict is wrong."""
     home = reachable_dir("short")
     script = home / "repro.py"
     script.write_text(SHORT)
     db = home / "results.db"
+    started, busy, own = time.monotonic(), machine_busy_s(), _children_cpu_s()
     proc = cli(run_args("1.0.0..1.0.9", four_mib_index, db, "--no-attribute", script=script),
                home, uv_cache)  # fmt: skip
-    assert proc.returncode == 0, proc.stderr[-2000:]
+    others = machine_busy_s() - busy - (_children_cpu_s() - own)
     report = json.loads(proc.stdout)
+    if proc.returncode == 4 and others > 0.5 * (time.monotonic() - started):
+        # Other processes held half a core or more (the suite's other workers): the reader
+        # fell behind until even pooled runs could not tell. Then the answer says so, and no
+        # verdict is ever wrong; on a machine that lets it keep up, it is exact (below).
+        assert report["status"] == "inconclusive", report["message"]
+        for c in report["candidates"]:
+            truth = {"leak"} if c["version"] >= "1.0.6" else {"clean", "plateau"}
+            assert c["verdict"] in truth | {None, "inconclusive"}, c
+        return
+    assert proc.returncode == 0, proc.stderr[-2000:]
     assert (report["status"], report["last_good"], report["first_bad"]) == (
         "found", "1.0.5", "1.0.6"
     ), report["message"]
