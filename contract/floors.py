@@ -41,13 +41,13 @@ no level held after it is never in an excursion: a rise at the end is what a lea
 like. At its start the level before lies before the judged part, so the opening stretch
 whose levels held each stand T above a level held after them is one (a 32 MiB spike the
 warm-up cut into read as three floors of 48 MiB over a leak's 19 to 33, and the leak as a
-fall). A single low reading (a glitch) is no level. T here is the
-classifier's, from a provisional baseline (the floor of the first sixth of the span).
-Excursion samples are left out of every floor below, so a block's floor is never the inside
-of one long spike (the floors of 11 blocks read 108, 122, 137, 168, 211, 317, 339, 339, 221,
-154, 171 MiB when a 200 MB buffer was touched for over a second on a loaded machine: three
-floors were the spike), and a block that lay wholly inside one has no floor (dropped like a
-block a stall left empty).
+fall). A single low reading (a glitch) is no level. T here is the classifier's, from a
+provisional baseline (the floor of the first sixth of the span). Excursion samples are left
+out of every floor below, so a block's floor is never the inside of one long spike (the
+floors of 11 blocks read 108, 122, 137, 168, 211, 317, 339, 339, 221, 154, 171 MiB when a
+200 MB buffer was touched for over a second on a loaded machine: three floors were the
+spike), and a block that lay wholly inside one has no floor (dropped like a block a stall
+left empty).
 
 Block floors (`block_floors`): the judged samples are cut into equal-width blocks over x
 (seconds or steps); a block with fewer than `min_block_samples` samples (excursions left
@@ -242,14 +242,15 @@ def excursions(x: np.ndarray, v: np.ndarray, s: Threshold) -> np.ndarray:
     after = _window_min(x, held, span)
     # Before: the same pass over the reversed series (levels held up to and with i - 1).
     before = _window_min(-x[::-1], held[::-1], span)[::-1]
-    above_after = np.isfinite(after) & (v - after >= height)
+    # Where no level is held after (or before) a sample, that side is +inf: never below it.
+    above_after = v - after >= height
     # The series' opening stretch, where every level held stands T above a level held
     # after it: its level before lies before the judged part (a spike the warm-up cut
-    # into; a single low reading at its start is no level).
-    reach = np.isfinite(after)
-    held_over = np.where(reach, held - np.where(reach, after, 0.0), -np.inf)
-    opening = np.logical_and.accumulate(held_over >= height)
-    return opening | (above_after & np.isfinite(before) & (v - before >= height))
+    # into; a single low reading at its start is no level). The last reading holds no
+    # level (inf - inf: not above).
+    with np.errstate(invalid="ignore"):
+        opening = np.logical_and.accumulate(held - after >= height)
+    return opening | (above_after & (v - before >= height))
 
 
 def block_floors(

@@ -69,15 +69,15 @@ def bisect(index: str, script: Path, home: Path, uv_cache: Path, condition: str)
     # (on a loaded machine the reader can fall behind a fast loop's markers) is run again,
     # as the product does, and an evaluation that decided nothing is evaluated again; the
     # evaluations that decided are the paced repro's, one for one.
-    decided: dict[tuple[str, int], set[str]] = {}
+    said: dict[tuple[str, int], set[str]] = {}
     exits: dict[tuple[str, int], int] = {}
     for version, evaluation, verdict, code, _ in rows:
-        decided.setdefault((version, evaluation), set()).add(verdict)
+        said.setdefault((version, evaluation), set()).add(verdict)
         exits[(version, evaluation)] = exits.get((version, evaluation)) or code
-    visits = [(v, (said - {"inconclusive"}).pop()) for (v, _), said in decided.items()
-              if said - {"inconclusive"}]  # fmt: skip
-    found = Bisection(report, visits, [exits[k] for k, said in decided.items()
-                                       if said - {"inconclusive"}], proc.stderr)  # fmt: skip
+    decided = {k: verdicts - {"inconclusive"} for k, verdicts in said.items()}
+    decided = {k: verdicts for k, verdicts in decided.items() if verdicts}
+    found = Bisection(report, [(v, verdicts.pop()) for (v, _), verdicts in decided.items()],
+                      [exits[k] for k in decided], proc.stderr)  # fmt: skip
     expected = EXPECTED["leakyfixture"]
     assert (proc.returncode, found.visited) == (0, expected.visited), why
     return found
